@@ -1,0 +1,19 @@
+"""fxviews: make traced torch.func graphs layout-portable by rewriting as_strided into views.
+
+Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :func:`transform`,
+:func:`backend`. The engine is :mod:`fxviews.passes` (top-level ``passes/`` in the repository).
+"""
+from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
+from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
+from fxviews.rewriting import RewriteResult, rewrite
+from fxviews.tracing import trace
+
+__all__ = [
+    "FxViewsError",
+    "Record",
+    "RewriteResult",
+    "UnsafeAsStridedError",
+    "backend",
+    "rewrite",
+    "trace",
+]

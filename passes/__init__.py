@@ -1,0 +1,19 @@
+"""fxviews.passes: the engine. Graph in, graph out; imports nothing from the front door.
+
+This directory sits at the top of the repository and is installed as ``fxviews.passes``.
+"""
+from .errors import FxViewsError, UnsafeAsStridedError
+from .geometry import Geometry
+from .records import Record, METHODS
+from .as_strided_to_views import AsStridedToViews
+from .hygiene import eliminate_dead_metadata_checks
+
+__all__ = [
+    "AsStridedToViews",
+    "FxViewsError",
+    "Geometry",
+    "METHODS",
+    "Record",
+    "UnsafeAsStridedError",
+    "eliminate_dead_metadata_checks",
+]

@@ -1,0 +1,126 @@
+"""Scatter patterns: as_strided over flat gradient buffers, and ``as_strided_scatter``.
+
+Note [The backward buffer pattern]
+----------------------------------
+Autograd's AsStridedBackward/CopySlices leave this in traced graphs::
+
+    buf = new_zeros(grad, [numel])               # flat buffer of the base's size
+    v   = as_strided(buf, view sizes, strides, o) # the view the user took
+    copy_(v, grad)
+    b   = as_strided(buf, base sizes, contiguous strides, 0)
+
+The as_strided that restores the base's (dense, contiguous) geometry is an unflatten of the
+buffer. Every other as_strided on the same buffer is then read relative to that base view, so
+the user's own view op can be found by provenance (``select`` where synthesis on the flat buffer
+would say ``slice``). :func:`base_view_chains` gives those candidate chains; the pass verifies
+them like any other.
+
+``as_strided_scatter(self, src, ...)`` is functional: a copy of ``self`` with the view region
+replaced by ``src``. Given a view chain for the region, :func:`build_scatter` expresses it with
+``select_scatter``/``slice_scatter``/``diagonal_scatter`` nested along the chain, inverting the
+pure re-indexing steps (permute, unsqueeze, squeeze, view). Chains with steps that overlap
+memory (expand, unfold) have no scatter form and are not rewritten.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from .geometry import Geometry
+from .view_chain import AS_STRIDED_OPS, Evaluator, ViewChain, ViewStep
+
+aten = torch.ops.aten
+
+
+def _contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(sizes):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Geometry]:
+    """Dense geometries covering the whole flat ``buffer`` that its as_strided users restore."""
+    if buffer_geometry.ndim != 1 or buffer_geometry.strides[0] != 1 or buffer_geometry.numel < 2:
+        return []
+    found = []
+    for user in buffer.users:
+        if user.target not in AS_STRIDED_OPS or user.args[0] is not buffer:
+            continue
+        sizes, strides = tuple(user.args[1]), tuple(user.args[2])
+        offset = user.args[3] if len(user.args) > 3 and user.args[3] is not None else 0
+        candidate = Geometry(sizes, strides, offset)
+        dense = Geometry(sizes, _contiguous_strides(sizes), buffer_geometry.offset)
+        if candidate.key() == dense.key() and candidate.numel == buffer_geometry.numel:
+            if candidate.key() not in [g.key() for g in found]:
+                found.append(candidate)
+    return found
+
+
+def base_view_step(base: Geometry) -> ViewStep:
+    """The unflatten of a flat buffer into ``base``."""
+    return ViewStep(aten.view.default, (list(base.sizes),))
+
+
+_INVERTIBLE = {
+    aten.permute.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.view.default,
+    aten.alias.default,
+    aten.t.default,
+    aten.transpose.int,
+}
+_SCATTERS: dict[Any, Callable[..., Any]] = {
+    aten.select.int: aten.select_scatter.default,
+    aten.slice.Tensor: aten.slice_scatter.default,
+    aten.diagonal.default: aten.diagonal_scatter.default,
+}
+
+
+def has_scatter_form(chain: ViewChain) -> bool:
+    """Whether every step is a scatterable index or a pure re-indexing."""
+    return all(step.op in _SCATTERS or step.op in _INVERTIBLE for step in chain)
+
+
+def build_scatter(ev: Evaluator, base: Any, src: Any, chain: ViewChain) -> Any:
+    """``base`` with the region ``chain`` selects replaced by ``src``, functionally, via ``ev``."""
+    if not chain:
+        return src
+    step, rest = chain[0], chain[1:]
+    region = ev(step.op, base, *step.args)
+    inner = build_scatter(ev, region, src, rest)
+    if step.op in _SCATTERS:
+        return ev(_SCATTERS[step.op], base, inner, *step.args)
+    return _invert(ev, step, base, inner)
+
+
+def _invert(ev: Evaluator, step: ViewStep, base: Any, inner: Any) -> Any:
+    """Undo a re-indexing step: ``inner`` laid out like ``step(base)`` back to ``base``'s shape."""
+    op, args = step.op, step.args
+    if op is aten.permute.default:
+        order = list(args[0])
+        ndim = len(order)
+        inverse = [0] * ndim
+        for position, dim in enumerate(order):
+            inverse[dim % ndim] = position
+        return ev(aten.permute.default, inner, inverse)
+    if op in (aten.t.default, aten.transpose.int):
+        dims = args if args else (0, 1)
+        if len(_shape(inner)) < 2:  # t() of a 0-d or 1-d tensor is the identity
+            return inner
+        return ev(aten.transpose.int, inner, *dims)
+    if op is aten.alias.default:
+        return inner
+    # unsqueeze, squeeze and view only rename dims: a view back to the base's shape undoes them.
+    return ev(aten.view.default, inner, list(_shape(base)))
+
+
+def _shape(value: Any) -> Sequence[int]:
+    if isinstance(value, torch.fx.Node):
+        return tuple(value.meta["val"].shape)
+    return tuple(value.shape)

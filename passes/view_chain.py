@@ -1,0 +1,180 @@
+"""Chains of view ops: one representation for provenance, synthesis, verification and emission.
+
+A chain is applied through an *evaluator* ``ev(op, *args)``: on meta tensors to verify it, and
+as graph nodes to emit it, so what was verified is exactly what gets emitted.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from .geometry import Geometry, equivalent
+
+aten = torch.ops.aten
+
+Evaluator = Callable[..., Any]
+
+#: The as_strided family the pass rewrites.
+AS_STRIDED_OPS = (
+    aten.as_strided.default,
+    aten.as_strided_.default,
+    aten.as_strided_copy.default,
+    aten.as_strided_scatter.default,
+)
+
+# View ops whose arguments bake in a layout (or change dtype): never replayed.
+_NOT_REPLAYABLE = {
+    *AS_STRIDED_OPS,
+    aten._reshape_alias.default,
+    aten.view.dtype,
+    aten.view_as_real.default,
+    aten.view_as_complex.default,
+    aten._unsafe_view.default,
+}
+
+
+@dataclass(frozen=True)
+class ViewStep:
+    """One view op: ``op(x, *args)``; ``op`` is an aten OpOverload or ``operator.getitem``."""
+
+    op: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def name(self) -> str:
+        if self.op is operator.getitem:
+            return "getitem"
+        return self.op.__name__.split(".")[0]  # aten.select.int -> select
+
+
+ViewChain = tuple[ViewStep, ...]
+
+
+def eager(op: Callable[..., Any], *args: Any) -> Any:
+    """The evaluator that simply calls the op (on meta, fake or real tensors)."""
+    return op(*args)
+
+
+def apply_chain(chain: Sequence[ViewStep], x: Any, ev: Evaluator = eager) -> Any:
+    """Apply ``chain`` to ``x`` through ``ev``."""
+    for step in chain:
+        x = ev(step.op, x, *step.args)
+    return x
+
+
+def describe_chain(chain: Sequence[ViewStep], input_name: str) -> str:
+    """Readable nested call form, e.g. ``unsqueeze(select(x, 0, 0), 1)``."""
+    text = input_name
+    for step in chain:
+        if step.op is operator.getitem:
+            text = f"{text}[{step.args[0]}]"
+        else:
+            text = ", ".join([text, *(str(a) for a in step.args)])
+            text = f"{step.name()}({text})"
+    return text
+
+
+def verify_chain(chain: Sequence[ViewStep], source: Geometry, target: Geometry) -> bool:
+    """Whether ``chain`` turns a tensor of geometry ``source`` into one equivalent to ``target``.
+
+    Runs the chain on a meta tensor with the source's exact sizes, strides and offset. Every
+    step must be a view op, so the result aliases the source's memory.
+    """
+    if not all(is_view_op(step.op) for step in chain):
+        return False
+    try:
+        out = apply_chain(chain, source.meta_tensor())
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return False
+    return isinstance(out, torch.Tensor) and equivalent(Geometry.of(out), target)
+
+
+def is_view_op(op: Callable[..., Any]) -> bool:
+    """Whether ``op`` returns an alias of its first argument without writing to it."""
+    if op is operator.getitem:
+        return True
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    schema = op._schema
+    if not schema.arguments or not schema.returns:
+        return False
+    source_alias = schema.arguments[0].alias_info
+    result_alias = schema.returns[0].alias_info
+    return (
+        source_alias is not None
+        and not source_alias.is_write
+        and result_alias is not None
+        and not result_alias.is_write
+    )
+
+
+def replayable_step(node: torch.fx.Node) -> ViewStep | None:
+    """The step ``node`` performs on its first argument, if it is a replayable view."""
+    if node.op != "call_function" or not node.args or node.kwargs:
+        return None
+    if node.target in _NOT_REPLAYABLE or not is_view_op(node.target):
+        return None
+    rest = node.args[1:]
+    if _has_node(rest):
+        return None
+    if node.target is operator.getitem and not isinstance(node.args[0], torch.fx.Node):
+        return None
+    return ViewStep(node.target, tuple(rest))
+
+
+def _has_node(args: Any) -> bool:
+    found = False
+
+    def visit(a: Any) -> Any:
+        nonlocal found
+        found = found or isinstance(a, torch.fx.Node)
+        return a
+
+    torch.fx.node.map_aggregate(args, visit)
+    return found
+
+
+def _in_one_fake_mode(vals: Sequence[Any]) -> list[Any]:
+    """Bring fake tensors into the first one's mode: make_fx gives each node its own mode.
+
+    Only the first argument's layout matters to a view or scatter op's output metadata, so the
+    others are recreated with the same shape, strides, dtype and device.
+    """
+    mode = getattr(vals[0], "fake_mode", None) if vals else None
+    if mode is None:
+        return list(vals)
+    out = [vals[0]]
+    for val in vals[1:]:
+        if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", mode) is not mode:
+            with mode:
+                val = torch.empty_strided(
+                    val.shape, val.stride(), dtype=val.dtype, device=val.device
+                )
+        out.append(val)
+    return out
+
+
+class GraphEmitter:
+    """An evaluator that inserts ``op(*args)`` as graph nodes, with ``meta['val']`` filled in.
+
+    Values for the new nodes are computed by running the op on the arguments' ``meta['val']``
+    (fake or real tensors), so downstream passes see correct metadata.
+    """
+
+    def __init__(self, graph: torch.fx.Graph, like: torch.fx.Node) -> None:
+        self.graph = graph
+        self.like = like
+        self.created: list[torch.fx.Node] = []
+
+    def __call__(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(op, args, kwargs)
+        vals, kwvals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
+        node.meta["val"] = op(*_in_one_fake_mode(vals), **kwvals)
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in self.like.meta:
+                node.meta[key] = self.like.meta[key]
+        self.created.append(node)
+        return node
