@@ -1,0 +1,241 @@
+"""The AsStridedToViews pass and fxviews.rewrite: records, variants, strictness, hygiene, cost."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch.fx.passes.infra.pass_manager import PassManager
+
+import fxviews
+from fxviews.passes import AsStridedToViews, eliminate_dead_metadata_checks
+from fxviews.passes import provenance, synthesis
+from fxviews.passes.view_chain import AS_STRIDED_OPS
+
+aten = torch.ops.aten
+
+
+def as_strided_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in AS_STRIDED_OPS]
+
+
+def seed_f(x, y):
+    x = x.clone()
+    view = x[0]
+    x.copy_(y)
+    return view, x
+
+
+def push_jvp(x, y, yt):
+    return torch.func.jvp(functools.partial(seed_f, x), (y,), (yt,))
+
+
+def seed_args():
+    return torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 6)
+
+
+def test_seed_is_rewritten_by_provenance_and_caller_graph_is_untouched() -> None:
+    gm = fxviews.trace(push_jvp, *seed_args())
+    code, nodes = gm.code, len(gm.graph.nodes)
+    res = fxviews.rewrite(gm)
+    assert gm.code == code and len(gm.graph.nodes) == nodes
+    assert len(as_strided_nodes(gm)) == 1
+    assert as_strided_nodes(res.graph_module) == []
+    assert res.modified
+    [record] = res.records
+    assert record.method == "provenance"
+    assert record.node == "as_strided"
+    assert record.before == "as_strided(clone_1, [6], [1], 0)"
+    assert record.after == "select(clone_1, 0, 0)"
+
+
+def test_seed_under_vmap_with_batch_dims_not_first() -> None:
+    samples = [seed_args() for _ in range(3)]
+    gm = fxviews.trace(push_jvp, *samples[0])
+    batched = [torch.stack([s[i] for s in samples], dim=d) for i, d in enumerate((1, 2, 2))]
+    out = torch.func.vmap(fxviews.rewrite(gm).graph_module, in_dims=(1, 2, 2))(*batched)
+    for b, sample in enumerate(samples):
+        expected = torch.utils._pytree.tree_leaves(push_jvp(*sample))
+        got = [t[b] for t in torch.utils._pytree.tree_leaves(out)]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e)
+    # The plain graph is silently wrong on the same inputs: the bug this library fixes.
+    plain = torch.func.vmap(gm, in_dims=(1, 2, 2))(*batched)
+    tangent_view = torch.utils._pytree.tree_leaves(plain)[2]
+    expected_view = torch.stack([push_jvp(*s)[1][0] for s in samples])
+    assert not torch.allclose(tangent_view, expected_view)
+
+
+def test_identity_becomes_alias() -> None:
+    gm = fxviews.trace(lambda x: torch.as_strided(x, (2, 3), (3, 1), 0) * 2, torch.randn(2, 3))
+    res = fxviews.rewrite(gm)
+    assert [r.method for r in res.records] == ["identity"]
+    x = torch.randn(3, 2).t()
+    torch.testing.assert_close(res.graph_module(x), x * 2)
+
+
+def test_synthesized_user_as_strided_on_non_contiguous_input() -> None:
+    def windows(x):
+        return torch.as_strided(x, (3, 4), (2, 1), 1).sum(-1)
+
+    gm = fxviews.trace(windows, torch.randn(10))
+    res = fxviews.rewrite(gm)
+    assert [r.method for r in res.records] == ["synthesized"]
+    base = torch.randn(10, 3)[:, 1]  # non-contiguous: stride 3
+    expected = torch.stack([base[1 + 2 * i : 1 + 2 * i + 4] for i in range(3)]).sum(-1)
+    torch.testing.assert_close(res.graph_module(base), expected)
+
+
+def test_unsafe_as_strided_is_kept_with_a_witness_and_strict_raises() -> None:
+    # Reads column 2 of a 3x5 block through a view that only exposes columns 0-1.
+    def peek(x):
+        return torch.as_strided(x[:, :2], (3,), (5,), 2)
+
+    gm = fxviews.trace(peek, torch.randn(3, 5))
+    res = fxviews.rewrite(gm)
+    [record] = res.records
+    assert record.method == "kept" and record.reason.startswith("unsafe")
+    assert "address 2" in record.reason
+    assert len(as_strided_nodes(res.graph_module)) == 1
+    with pytest.raises(fxviews.UnsafeAsStridedError) as info:
+        fxviews.rewrite(gm, strict=True)
+    assert info.value.node == record.node and "[3]" in str(info.value)
+    assert isinstance(info.value, fxviews.FxViewsError)
+    assert len(as_strided_nodes(gm)) == 1  # still untouched
+
+
+def test_safe_but_viewless_target_is_kept_with_reason() -> None:
+    gm = fxviews.trace(lambda x: torch.as_strided(x, (2,), (3,), 1), torch.randn(4, 4)[:2, :2])
+    [record] = fxviews.rewrite(gm).records
+    assert record.method == "kept" and "no view form" in record.reason
+
+
+def test_backward_buffer_pattern_is_rewritten_relative_to_the_base_view() -> None:
+    def f(x, y):
+        x = x.clone()
+        view = x[0]
+        x.mul_(y)
+        return (view * 2 + x).sum()
+
+    grad_f = torch.func.grad(f, argnums=1)
+    x, y = torch.randn(2, 6), torch.randn(2, 6)
+    res = fxviews.rewrite(fxviews.trace(grad_f, x, y))
+    assert [r.method for r in res.records] == ["scatter", "scatter"]
+    assert res.records[0].after == "select(view(new_zeros, [2, 6]), 0, 0)"
+    xs, ys = torch.randn(3, 2, 6), torch.randn(2, 6, 3)
+    out = torch.func.vmap(res.graph_module, in_dims=(0, 2))(xs, ys)
+    for b in range(3):
+        torch.testing.assert_close(out[b], grad_f(xs[b], ys[..., b]))
+
+
+def test_as_strided_copy_and_scatter_variants() -> None:
+    def f(x, s):
+        a = aten.as_strided_copy.default(x, [3], [4], 0)
+        b = aten.as_strided_scatter.default(x, s, [3], [1], 3)
+        return a, b
+
+    x, s = torch.randn(3, 3), torch.randn(3)
+    gm = fxviews.trace(f, x, s)
+    res = fxviews.rewrite(gm)
+    assert [r.method for r in res.records] == ["synthesized", "synthesized"]
+    assert as_strided_nodes(res.graph_module) == []
+    xt = torch.randn(3, 3).t()  # non-contiguous: the rewrite reads it by logical dims
+    a, b = res.graph_module(xt, s)
+    torch.testing.assert_close(a, xt.diagonal())
+    expected = xt.clone()
+    expected[1] = s
+    torch.testing.assert_close(b, expected)
+
+
+def test_in_place_as_strided_is_kept_with_reason() -> None:
+    gm = fxviews.trace(lambda x: x.clone().as_strided_((3,), (4,)), torch.randn(3, 3))
+    [record] = fxviews.rewrite(gm).records
+    assert record.method == "kept" and "in place" in record.reason
+
+
+def test_graph_without_metadata_needs_example_inputs() -> None:
+    def f(x):
+        return torch.ops.aten.as_strided.default(x, [3], [4], 0)
+
+    gm = torch.fx.symbolic_trace(f)
+    with pytest.raises(fxviews.FxViewsError, match="meta"):
+        fxviews.rewrite(gm)
+    res = fxviews.rewrite(gm, example_inputs=[torch.randn(3, 3)])
+    assert [r.method for r in res.records] == ["synthesized"]
+    x = torch.randn(3, 3)
+    torch.testing.assert_close(res.graph_module(x), x.diagonal())
+    with pytest.raises(fxviews.FxViewsError, match="example_inputs"):
+        fxviews.rewrite(gm, example_inputs=[])  # inputs that do not fit the graph
+
+
+def test_rewrite_rejects_non_graph_modules() -> None:
+    with pytest.raises(TypeError, match="GraphModule"):
+        fxviews.rewrite(lambda x: x)
+
+
+def test_pass_runs_in_torch_fx_pass_manager_and_mutates_in_place() -> None:
+    gm = fxviews.trace(push_jvp, *seed_args())
+    engine = AsStridedToViews()
+    result = PassManager(passes=[engine])(gm)
+    assert result.modified and as_strided_nodes(gm) == []
+    assert [r.method for r in engine.records] == ["provenance"]
+
+
+def test_hygiene_drops_dead_metadata_checks_only() -> None:
+    gm = fxviews.trace(push_jvp, *seed_args())
+    targets = {n.target for n in gm.graph.nodes}
+    assert aten.is_same_size.default in targets
+    assert eliminate_dead_metadata_checks(gm)
+    targets = {n.target for n in gm.graph.nodes}
+    assert aten.is_same_size.default not in targets
+    assert aten._has_same_storage_numel.default not in targets
+    assert aten.copy_.default in targets  # side effects stay
+    x, y, yt = seed_args()
+    for got, want in zip(
+        torch.utils._pytree.tree_leaves(gm(x, y, yt)),
+        torch.utils._pytree.tree_leaves(push_jvp(x, y, yt)),
+    ):
+        torch.testing.assert_close(got, want)
+
+
+def many_views(n: int):
+    """torch.func code with ``n`` views of a base that is then mutated by a dual operand."""
+
+    def f(x, y):
+        x = x.clone()
+        views = [x[i % 4, i % 3 :] for i in range(n)]
+        x.mul_(y)
+        return [v * 1 for v in views]
+
+    def g(x, y, yt):
+        return torch.func.jvp(functools.partial(f, x), (y,), (yt,))
+
+    return g
+
+
+@pytest.mark.parametrize("n", [40])
+def test_pass_is_linear_in_graph_size(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    counts = {"synthesize": 0}
+    real = synthesis.synthesize
+
+    def counting(*args, **kwargs):
+        counts["synthesize"] += 1
+        return real(*args, **kwargs)
+
+    import fxviews.passes.as_strided_to_views as pass_module
+
+    monkeypatch.setattr(pass_module, "synthesize", counting)
+    work = []
+    for size in (n, 4 * n):
+        gm = fxviews.trace(many_views(size), torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+        nodes = len(gm.graph.nodes)
+        counts["synthesize"] = 0
+        index = provenance.ViewIndex(gm.graph)
+        res = fxviews.rewrite(gm)
+        assert as_strided_nodes(res.graph_module) == []
+        assert index.steps_taken <= provenance.MAX_DEPTH * nodes
+        assert counts["synthesize"] <= len(res.records)  # provenance finds most: O(1) each
+        work.append((nodes, index.steps_taken + counts["synthesize"]))
+    (small_nodes, small_work), (big_nodes, big_work) = work
+    assert big_nodes > 1000
+    assert big_work / small_work <= 1.25 * big_nodes / small_nodes
