@@ -235,29 +235,51 @@ def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]
 
 
 def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, torch.fx.Node] | None:
-    """Insert the replacement for ``call`` before it; None if this variant cannot use ``chain``."""
+    """Insert the replacement for ``call`` before it; None if this variant cannot use ``chain``.
+
+    All checks come first; if computing the new nodes' metadata still fails, the nodes made so
+    far are erased, so a failed attempt never leaves the graph half-edited.
+    """
     op = call.node.target
     described = describe_chain(chain, call.source.name) if chain else f"alias({call.source.name})"
     if op is aten.as_strided_scatter.default:
         if not has_scatter_form(chain) or not _scatter_matches(call, chain):
             return None
+        described = f"scatter into {described}"
+    if op is aten.as_strided_copy.default:
+        if not call.node.meta["val"].is_contiguous():
+            return None
+        described = f"clone({described})"
+    emitter = GraphEmitter(graph, call.node)
+    try:
         with graph.inserting_before(call.node):
-            emitter = GraphEmitter(graph, call.node)
-            out = build_scatter(emitter, call.source, call.src, chain)
-            if out is call.src:  # the region is all of self: still return a fresh tensor
-                out = emitter(aten.clone.default, out)
-        return f"scatter into {described}", out
-    with graph.inserting_before(call.node):
-        emitter = GraphEmitter(graph, call.node)
-        out = apply_chain(chain, call.source, emitter) if chain else emitter(
-            aten.alias.default, call.source
-        )
-        if op is aten.as_strided_copy.default:
-            if not call.node.meta["val"].is_contiguous():
-                return None
-            out = emitter(aten.clone.default, out, memory_format=torch.contiguous_format)
-            described = f"clone({described})"
+            out = _build(emitter, call, chain)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        _erase_dead(graph, emitter.created)
+        return None
+    _erase_dead(graph, [n for n in emitter.created if n is not out])
     return described, out
+
+
+def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
+    op = call.node.target
+    if op is aten.as_strided_scatter.default:
+        out = build_scatter(emitter, call.source, call.src, chain)
+        # When the region is all of self the chain is empty: still return a fresh tensor.
+        return emitter(aten.clone.default, out) if out is call.src else out
+    out = apply_chain(chain, call.source, emitter) if chain else emitter(
+        aten.alias.default, call.source
+    )
+    if op is aten.as_strided_copy.default:
+        out = emitter(aten.clone.default, out, memory_format=torch.contiguous_format)
+    return out
+
+
+def _erase_dead(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
+    """Erase ``nodes`` (made by an emitter, so side-effect free) that nothing reads."""
+    for node in reversed(nodes):
+        if not node.users:
+            graph.erase_node(node)
 
 
 def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
