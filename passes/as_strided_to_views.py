@@ -49,6 +49,7 @@ from .view_chain import (
     GraphEmitter,
     ViewChain,
     apply_chain,
+    bind_as_strided,
     describe_chain,
     eager,
     verify_chain,
@@ -117,6 +118,9 @@ class AsStridedToViews(PassBase):
             return PassResult(graph_module, False)
         _ensure_metadata(graph_module, nodes, self.example_inputs)
         index = ViewIndex(graph_module.graph)
+        # Replacements in the output node wait until the end: rewriting its (possibly
+        # thousands of) arguments once per as_strided would make the pass quadratic.
+        self._output_replacements: dict[torch.fx.Node, torch.fx.Node] = {}
         modified = False
         for node in nodes:
             record = self._rewrite_node(graph_module.graph, node, index)
@@ -124,10 +128,20 @@ class AsStridedToViews(PassBase):
             if record.method == "kept" and self.strict:
                 raise UnsafeAsStridedError(record.node, record.before, record.reason)
             modified = modified or record.method != "kept"
+        self._replace_in_output(graph_module.graph)
         if modified:
             graph_module.graph.lint()
             graph_module.recompile()
         return PassResult(graph_module, modified)
+
+    def _replace_in_output(self, graph: torch.fx.Graph) -> None:
+        replacements, self._output_replacements = self._output_replacements, {}
+        if not replacements:
+            return
+        output = graph.output_node()
+        output.args = torch.fx.node.map_arg(output.args, lambda n: replacements.get(n, n))
+        for old in replacements:
+            graph.erase_node(old)
 
     def _rewrite_node(self, graph: torch.fx.Graph, node: torch.fx.Node, index: ViewIndex) -> Record:
         call, problem = _parse(node)
@@ -147,8 +161,11 @@ class AsStridedToViews(PassBase):
             if emitted is None:
                 continue
             after, out = emitted
-            node.replace_all_uses_with(out)
-            graph.erase_node(node)
+            node.replace_all_uses_with(out, delete_user_cb=lambda user: user.op != "output")
+            if node.users:
+                self._output_replacements[node] = out
+            else:
+                graph.erase_node(node)
             return Record(node.name, call.describe(), after, method, _REASONS[method])
         return _kept(call, _why_kept(call))
 
@@ -200,11 +217,9 @@ def _ensure_metadata(
 
 
 def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
-    # Bind by the aten schema's own argument names (self, src, size, stride, storage_offset).
-    kwargs = dict(zip((a.name for a in node.target._schema.arguments), node.args))
-    kwargs.update(node.kwargs)
+    kwargs = bind_as_strided(node)
     source, src = kwargs["self"], kwargs.get("src")
-    sizes, strides, offset = kwargs["size"], kwargs["stride"], kwargs.get("storage_offset")
+    sizes, strides, offset = kwargs["size"], kwargs["stride"], kwargs["storage_offset"]
     source_geometry = node_geometry(source)
     if source_geometry is None:
         return None, "the input has no concrete trace-time layout"

@@ -55,6 +55,9 @@ class Geometry:
     offset: int
 
     def __post_init__(self) -> None:
+        # Accept lists (FX node arguments are lists) but store tuples, so keys compare equal.
+        object.__setattr__(self, "sizes", tuple(self.sizes))
+        object.__setattr__(self, "strides", tuple(self.strides))
         if len(self.sizes) != len(self.strides):
             raise ValueError(f"sizes {self.sizes} and strides {self.strides} differ in length")
 

@@ -29,7 +29,7 @@ import torch
 import torch.fx
 
 from .geometry import Geometry
-from .view_chain import AS_STRIDED_OPS, Evaluator, ViewChain, ViewStep
+from .view_chain import AS_STRIDED_OPS, Evaluator, ViewChain, ViewStep, bind_as_strided
 
 aten = torch.ops.aten
 
@@ -48,12 +48,15 @@ def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Ge
         return []
     found = []
     for user in buffer.users:
-        if user.target not in AS_STRIDED_OPS or user.args[0] is not buffer:
+        if user.target not in AS_STRIDED_OPS:
             continue
-        sizes, strides = tuple(user.args[1]), tuple(user.args[2])
-        offset = user.args[3] if len(user.args) > 3 and user.args[3] is not None else 0
-        candidate = Geometry(sizes, strides, offset)
-        dense = Geometry(sizes, _contiguous_strides(sizes), buffer_geometry.offset)
+        args = bind_as_strided(user)
+        sizes, strides, offset = args["size"], args["stride"], args["storage_offset"]
+        offset = buffer_geometry.offset if offset is None else offset
+        if args["self"] is not buffer or not all(type(v) is int for v in (*sizes, *strides, offset)):
+            continue
+        candidate = Geometry(tuple(sizes), tuple(strides), offset)
+        dense = Geometry(candidate.sizes, _contiguous_strides(sizes), buffer_geometry.offset)
         if candidate.key() == dense.key() and candidate.numel == buffer_geometry.numel:
             if candidate.key() not in [g.key() for g in found]:
                 found.append(candidate)

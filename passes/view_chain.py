@@ -26,6 +26,19 @@ AS_STRIDED_OPS = (
     aten.as_strided_scatter.default,
 )
 
+
+def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
+    """An as_strided-family node's arguments by their aten schema names.
+
+    Keys: ``self``, ``size``, ``stride``, ``storage_offset`` (None when omitted) and, for
+    ``as_strided_scatter``, ``src``.
+    """
+    bound: dict[str, Any] = {"storage_offset": None}
+    bound.update(zip((a.name for a in node.target._schema.arguments), node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
 # View ops whose arguments bake in a layout (or change dtype): never replayed.
 _NOT_REPLAYABLE = {
     *AS_STRIDED_OPS,

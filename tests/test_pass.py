@@ -147,6 +147,22 @@ def test_as_strided_copy_and_scatter_variants() -> None:
     torch.testing.assert_close(b, expected)
 
 
+def test_scatter_into_a_flat_buffer_next_to_its_base_view() -> None:
+    def f(g, s):
+        buf = g.new_zeros([12])
+        scattered = aten.as_strided_scatter.default(buf, s, [6], [1], 6)
+        return aten.as_strided.default(scattered, [2, 6], [6, 1], 0), aten.as_strided.default(
+            buf, [2, 6], [6, 1], 0
+        )
+
+    g, s = torch.randn(3), torch.randn(6)
+    res = fxviews.rewrite(fxviews.trace(f, g, s))
+    assert all(r.method != "kept" for r in res.records) and len(res.records) == 3
+    out, base = res.graph_module(g, s)
+    torch.testing.assert_close(out, torch.cat([torch.zeros(6), s]).view(2, 6))
+    torch.testing.assert_close(base, torch.zeros(2, 6))
+
+
 def test_in_place_as_strided_is_kept_with_reason() -> None:
     gm = fxviews.trace(lambda x: x.clone().as_strided_((3,), (4,)), torch.randn(3, 3))
     [record] = fxviews.rewrite(gm).records
