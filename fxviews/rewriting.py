@@ -57,13 +57,27 @@ def rewrite(
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"fxviews.rewrite expects a torch.fx.GraphModule, got {type(gm).__name__}")
     start = time.perf_counter()
-    new_gm = copy.deepcopy(gm)
+    result = rewrite_in_place(copy.deepcopy(gm), strict=strict, example_inputs=example_inputs)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def rewrite_in_place(
+    gm: torch.fx.GraphModule,
+    strict: bool = False,
+    example_inputs: Sequence[Any] | None = None,
+) -> RewriteResult:
+    """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
+
+    ``gm`` itself is rewritten and becomes ``result.graph_module``.
+    """
+    start = time.perf_counter()
     code_before = gm.code
     engine = AsStridedToViews(strict=strict, example_inputs=example_inputs)
-    modified = engine(new_gm).modified
-    modified = eliminate_dead_metadata_checks(new_gm) or modified
+    modified = engine(gm).modified
+    modified = eliminate_dead_metadata_checks(gm) or modified
     return RewriteResult(
-        graph_module=new_gm,
+        graph_module=gm,
         records=list(engine.records),
         modified=modified,
         code_before=code_before,

@@ -189,10 +189,13 @@ def _kept(call: _Call, reason: str) -> Record:
 def _ensure_metadata(
     gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], example_inputs: Sequence[Any] | None
 ) -> None:
-    """Make sure every as_strided input carries a concrete trace-time layout."""
+    """Make sure every as_strided input carries its trace-time tensor value.
+
+    A value with symbolic sizes is metadata too: such nodes are kept later, with that reason.
+    """
 
     def missing() -> torch.fx.Node | None:
-        return next((n.args[0] for n in nodes if node_geometry(n.args[0]) is None), None)
+        return next((n.args[0] for n in nodes if not _has_tensor_value(n.args[0])), None)
 
     node = missing()
     if node is None:
@@ -211,9 +214,13 @@ def _ensure_metadata(
             return
     raise FxViewsError(
         f"node {getattr(node, 'name', node)!r} feeds an as_strided but has no tensor metadata "
-        "(meta['val']) with a concrete layout; trace with fxviews.trace or make_fx, or pass "
-        "example_inputs so fxviews can compute it"
+        "(meta['val']); trace with fxviews.trace or make_fx, or pass example_inputs so "
+        "fxviews can compute it"
     )
+
+
+def _has_tensor_value(node: object) -> bool:
+    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
 def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
@@ -222,7 +229,7 @@ def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
     sizes, strides, offset = kwargs["size"], kwargs["stride"], kwargs["storage_offset"]
     source_geometry = node_geometry(source)
     if source_geometry is None:
-        return None, "the input has no concrete trace-time layout"
+        return None, "the input's trace-time layout is symbolic (dynamic shapes) or not strided"
     if offset is None:
         offset = source_geometry.offset
     values = (*sizes, *strides, offset)

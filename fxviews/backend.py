@@ -1,0 +1,215 @@
+"""``fxviews.backend``: a torch.compile backend that rewrites ``as_strided`` in the AOT graphs.
+
+Dynamo captures the function, AOTAutograd lowers it to aten forward/backward graphs, the engine
+(:class:`fxviews.passes.AsStridedToViews`) rewrites every provably safe ``as_strided`` of each
+graph into view ops, dead metadata checks are removed, and the inner compiler gets the result.
+Nodes the engine keeps stay in the graph: every inner compiler handles ``as_strided``, so the
+compiled function is never wrong because of the rewrite.
+
+Three ways to select it::
+
+    torch.compile(fn, backend="fxviews")                                   # inner eager
+    torch.compile(fn, backend="fxviews", options={"inner": "inductor"})
+    torch.compile(fn, backend=fxviews.backend(inner="inductor"))
+
+``"fxviews"`` works without ``import fxviews`` through the ``torch_dynamo_backends`` entry point.
+``FXVIEWS_DEBUG=1`` prints the graph-diff printout of every graph the backend rewrites.
+"""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any, Callable, Sequence, Union
+
+import torch
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx import GraphModule
+
+from fxviews.printouts import report_rewrite
+from fxviews.rewriting import rewrite_in_place
+
+#: What an inner compiler returns: a function of the graph's inputs (boxed or not).
+CompiledFn = Callable[..., Any]
+#: ``inner(gm, example_inputs)`` receives each rewritten aten graph, as an AOT compiler does.
+InnerCompiler = Callable[[GraphModule, Sequence[Any]], CompiledFn]
+#: A torch.compile backend: called by Dynamo with the captured graph and its example inputs.
+Backend = Callable[[GraphModule, Sequence[Any]], CompiledFn]
+
+_INNER_NAMES = ("eager", "inductor")
+
+
+def backend(
+    inner: Union[str, InnerCompiler] = "eager",
+    *,
+    strict: bool = False,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+    **inductor_options: Any,
+) -> Backend:
+    """Return a torch.compile backend that runs the fxviews engine on every AOT graph.
+
+    ``inner`` compiles the rewritten graphs: ``"eager"`` runs them as Python (like
+    ``aot_eager``), ``"inductor"`` hands them to TorchInductor, and a callable
+    ``inner(gm, example_inputs)`` receives each rewritten aten graph (forward, backward or
+    inference) with fake example inputs and returns a function of the graph's inputs; a
+    function that does not take a boxed argument list is boxed for AOTAutograd.
+
+    ``strict=True`` makes an ``as_strided`` the engine must keep an error
+    (:class:`fxviews.UnsafeAsStridedError`, surfaced by Dynamo as a backend failure) instead of
+    leaving it to the inner compiler. ``decompositions`` replaces the decomposition table of the
+    lowering (default: none for eager and callables, as ``aot_eager``; Inductor's own table for
+    Inductor). Any other keyword is an Inductor config patch (what ``torch.compile(...,
+    options=...)`` takes for ``backend="inductor"``), so it requires ``inner="inductor"``.
+
+    Example::
+
+        >>> compiled = torch.compile(fn, backend=fxviews.backend(inner="inductor"))
+        >>> seen = []
+        >>> record = lambda gm, example_inputs: seen.append(gm) or gm.forward
+        >>> torch.compile(fn, backend=fxviews.backend(inner=record))(*args)
+    """
+    if inner == "inductor":
+        return _inductor_backend(strict, decompositions, inductor_options)
+    if inductor_options:
+        raise TypeError(
+            f"fxviews.backend got unexpected options {sorted(inductor_options)}; only "
+            "inner='inductor' takes Inductor config patches"
+        )
+    if inner == "eager":
+        return _aot_backend(_run_as_python, "eager", strict, decompositions)
+    if callable(inner):
+        return _aot_backend(inner, _describe(inner), strict, decompositions)
+    raise ValueError(
+        f"fxviews.backend: inner must be one of {_INNER_NAMES} or a callable "
+        f"inner(gm, example_inputs), got {inner!r}"
+    )
+
+
+def fxviews_backend(
+    gm: GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+) -> CompiledFn:
+    """The backend registered as ``"fxviews"``; ``torch.compile``'s ``options`` configure it.
+
+    ``torch.compile`` passes ``options`` (and ``mode``) to a backend it finds by name as keyword
+    arguments; this reads ``options`` as the keywords of :func:`backend`, so ``{"inner":
+    "inductor"}`` selects Inductor and the other keys are ``strict``, ``decompositions`` or
+    Inductor config patches. ``mode`` is refused: ``torch.compile`` does not allow it together
+    with ``options``, which is what selects the inner compiler.
+
+    Example::
+
+        >>> torch.compile(fn, backend="fxviews", options={"inner": "inductor"})(*args)
+    """
+    if mode is not None:
+        raise ValueError(
+            f"backend='fxviews' takes no mode (got {mode!r}): pass "
+            "options={'inner': 'inductor', **torch._inductor.list_mode_options(mode)} instead"
+        )
+    return backend(**(options or {}))(gm, example_inputs)
+
+
+def _aot_backend(
+    inner: InnerCompiler,
+    inner_name: str,
+    strict: bool,
+    decompositions: dict[Any, Callable[..., Any]] | None,
+) -> Backend:
+    """Lower with AOTAutograd as ``aot_eager`` does, rewriting each graph before ``inner``."""
+
+    def compiler_for(kind: str) -> Callable[[GraphModule, Sequence[Any]], CompiledFn]:
+        def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+            _rewrite_in_place(gm, strict, kind)
+            compiled = inner(gm, example_inputs)
+            # AOTAutograd passes one list of arguments to compiled graphs marked _boxed_call.
+            if getattr(compiled, "_boxed_call", False):
+                return compiled
+            return make_boxed_func(compiled)
+
+        return compile_graph
+
+    lower = aot_autograd(
+        fw_compiler=compiler_for("forward"),
+        bw_compiler=compiler_for("backward"),
+        inference_compiler=compiler_for("inference"),
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
+        decompositions=decompositions,
+    )
+    # torch.compile names the backend after __name__ in its logs and errors.
+    lower.__name__ = f"fxviews_{inner_name}"
+    return lower
+
+
+def _inductor_backend(
+    strict: bool,
+    decompositions: dict[Any, Callable[..., Any]] | None,
+    config_patches: dict[str, Any],
+) -> Backend:
+    """Let Inductor lower (its decompositions, partitioner, joint passes) and rewrite its graphs.
+
+    ``compile_fx``'s ``inner_compile`` hook receives exactly the aten graphs Inductor is about
+    to compile, forward and backward, so the engine runs between AOTAutograd and Inductor.
+    """
+    # Imported on use: Inductor takes seconds to import and eager users never need it.
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def rewrite_then_compile(gm: GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        kind = "backward" if kwargs.get("is_backward") else (
+            "inference" if kwargs.get("is_inference") else "forward"
+        )
+        _rewrite_in_place(gm, strict, kind)
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def fxviews_inductor(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        # The AOTAutograd cache keys on the Dynamo graph and Inductor config, not on
+        # inner_compile: a hit would return graphs that never went through the engine, and a
+        # save would hand rewritten graphs to plain Inductor. Inductor's own FX graph cache keys
+        # on the rewritten graph and stays on.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(
+                gm,
+                example_inputs,
+                inner_compile=rewrite_then_compile,
+                config_patches=config_patches or None,
+                decompositions=decompositions,
+            )
+
+    return fxviews_inductor
+
+
+def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
+    """Run the engine and graph hygiene on ``gm`` itself: AOTAutograd made it for us alone."""
+    report_rewrite(rewrite_in_place(gm, strict=strict), source=f"backend, {_graph_name(kind)}")
+
+
+def _graph_name(kind: str) -> str:
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    return f"{kind} graph" + (f" of compile {compile_id}" if compile_id is not None else "")
+
+
+def _run_as_python(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+    """The eager inner compiler: the graph's generated Python code, as ``aot_eager`` runs it."""
+    return gm.forward
+
+
+def _describe(inner: object) -> str:
+    return getattr(inner, "__name__", None) or type(inner).__name__
+
+
+def _register() -> None:
+    """Make ``backend="fxviews"`` resolve, without clashing with the entry point.
+
+    When the distribution is installed, Dynamo finds ``"fxviews"`` through its
+    ``torch_dynamo_backends`` entry point and registers what it loads; that load imports this
+    module, so registering here too would make Dynamo fail with "duplicate name". Only a source
+    tree on ``sys.path`` without installed metadata needs the explicit registration.
+    """
+    if entry_points(group="torch_dynamo_backends", name="fxviews"):
+        return
+    torch._dynamo.register_backend(fxviews_backend, name="fxviews")
+
+
+_register()
