@@ -1,0 +1,277 @@
+"""Helpers for differential tests: an independent eager reference, real batched layouts.
+
+The point of every differential test in this suite is the same: run a graph under
+``torch.func.vmap`` (or on odd memory layouts) and compare it with eager PyTorch applied to one
+sample at a time. These helpers keep that honest:
+
+* :func:`stack_batched` builds batched inputs with ``torch.stack(samples, dim=bd)``, so the batch
+  dim is *physically* where ``in_dims`` says. (``movedim`` of a batch-first tensor would leave it
+  physically first and hide exactly the bug fxviews fixes.)
+* :func:`per_sample_reference` runs a function eagerly on each sample in a Python loop and stacks
+  the results; it never calls ``vmap``.
+* :func:`assert_tree_close` compares two pytrees leaf by leaf, structure included.
+* :func:`transposed_copy` and :func:`strided_copy` give tensors with the same values as their
+  input but a different memory layout (permuted strides; step-sliced storage with an offset).
+* :func:`in_dims_sweep` lists ``in_dims`` tuples that put the batch dim of every input at every
+  position it can take.
+
+Import them as ``from tests.reference import ...`` (``tests`` is a package).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = [
+    "AS_STRIDED_FAMILY",
+    "InDims",
+    "Sample",
+    "as_strided_nodes",
+    "assert_tree_close",
+    "in_dims_sweep",
+    "in_dims_id",
+    "make_samples",
+    "noncontiguous_variants",
+    "per_sample_reference",
+    "stack_batched",
+    "strided_copy",
+    "transposed_copy",
+]
+
+#: One sample: the positional arguments of the function under test, all tensors.
+Sample = tuple[torch.Tensor, ...]
+#: ``in_dims`` for ``torch.func.vmap``: one entry per positional argument, ``None`` = unbatched.
+InDims = tuple[int | None, ...]
+
+#: Every aten overload whose semantics bake sizes/strides/offset into the graph.
+AS_STRIDED_FAMILY: frozenset[Any] = frozenset(
+    op
+    for op in (
+        torch.ops.aten.as_strided.default,
+        torch.ops.aten.as_strided_.default,
+        torch.ops.aten.as_strided_copy.default,
+        torch.ops.aten.as_strided_scatter.default,
+        getattr(torch.ops.aten.as_strided_copy, "out", None),
+        getattr(torch.ops.aten.as_strided_scatter, "out", None),
+    )
+    if op is not None
+)
+
+
+def as_strided_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The ``call_function`` nodes of ``gm`` whose target is in :data:`AS_STRIDED_FAMILY`.
+
+    Any other overload of the ``as_strided*`` packets is caught too (by packet name), so a new
+    overload cannot slip past a "no as_strided left" assertion.
+    """
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        packet = getattr(node.target, "overloadpacket", None)
+        packet_name = getattr(packet, "__name__", "")
+        if node.target in AS_STRIDED_FAMILY or packet_name.startswith("as_strided"):
+            found.append(node)
+    return found
+
+
+def make_samples(
+    shapes: Sequence[Sequence[int]],
+    batch: int,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float64,
+) -> list[Sample]:
+    """``batch`` independent samples; sample ``b`` is a tuple of fresh tensors of ``shapes``.
+
+    Values come from a private generator seeded with ``seed``, so the same call always returns
+    the same tensors (test parametrizations may cache traces built from ``samples[0]``).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        tuple(torch.randn(tuple(shape), generator=gen, dtype=dtype) for shape in shapes)
+        for _ in range(batch)
+    ]
+
+
+def _shared(samples: Sequence[Sample], index: int) -> torch.Tensor:
+    """The value of an unbatched argument: sample 0's, which every sample must agree on."""
+    return samples[0][index]
+
+
+def stack_batched(samples: Sequence[Sample], in_dims: InDims) -> tuple[torch.Tensor, ...]:
+    """Batch ``samples`` so that argument ``i``'s batch dim is physically at ``in_dims[i]``.
+
+    ``torch.stack(..., dim=bd)`` allocates a fresh contiguous tensor of the batched shape, so the
+    batch dim really has the stride that position implies. An ``in_dims`` entry of ``None``
+    passes sample 0's argument unbatched (see :func:`per_sample_reference`, which uses the same
+    value for every sample).
+
+    Example::
+
+        >>> s = make_samples([(2, 3)], batch=4, seed=0)
+        >>> (xb,) = stack_batched(s, (1,))
+        >>> xb.shape, xb.stride()
+        (torch.Size([2, 4, 3]), (12, 3, 1))
+    """
+    if not samples:
+        raise ValueError("need at least one sample")
+    n_args = len(samples[0])
+    if len(in_dims) != n_args:
+        raise ValueError(f"in_dims has {len(in_dims)} entries for {n_args} arguments")
+    batched = []
+    for index, bd in enumerate(in_dims):
+        if bd is None:
+            batched.append(_shared(samples, index))
+            continue
+        stacked = torch.stack([sample[index] for sample in samples], dim=bd)
+        assert stacked.is_contiguous()  # the batch dim's stride is the one position bd implies
+        batched.append(stacked)
+    return tuple(batched)
+
+
+def per_sample_reference(
+    fn: Callable[..., Any],
+    samples: Sequence[Sample],
+    in_dims: InDims | None = None,
+) -> Any:
+    """Eager reference for ``vmap(fn, in_dims)(*stack_batched(samples, in_dims))``.
+
+    Calls ``fn`` once per sample in a Python loop (unbatched arguments get sample 0's value, as
+    in :func:`stack_batched`), then stacks every output leaf along dim 0, vmap's default
+    ``out_dims``. No vmap, no batching rule is involved.
+    """
+    if in_dims is None:
+        in_dims = (0,) * len(samples[0])
+    outputs = []
+    for sample in samples:
+        args = tuple(
+            _shared(samples, i) if bd is None else arg
+            for i, (arg, bd) in enumerate(zip(sample, in_dims))
+        )
+        outputs.append(fn(*args))
+    leaves_per_sample = []
+    spec = None
+    for out in outputs:
+        leaves, out_spec = pytree.tree_flatten(out)
+        if spec is None:
+            spec = out_spec
+        elif out_spec != spec:
+            raise AssertionError(f"output structure differs between samples: {spec} vs {out_spec}")
+        leaves_per_sample.append(leaves)
+    stacked = [torch.stack(list(column), dim=0) for column in zip(*leaves_per_sample)]
+    return pytree.tree_unflatten(stacked, spec)
+
+
+def assert_tree_close(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    msg: str = "",
+) -> None:
+    """Assert two pytrees have the same structure and ``torch.testing.assert_close`` leaves.
+
+    Tuples and lists are treated alike (GraphModules return lists where Python returned tuples);
+    shapes and dtypes must match exactly. ``msg`` is prefixed to the failure message.
+    """
+    actual_leaves, actual_spec = pytree.tree_flatten(_tuples_to_lists(actual))
+    expected_leaves, expected_spec = pytree.tree_flatten(_tuples_to_lists(expected))
+    if actual_spec != expected_spec:
+        raise AssertionError(
+            f"{msg}: output structure differs\n  actual:   {actual_spec}\n  expected: {expected_spec}"
+        )
+    for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+        torch.testing.assert_close(
+            a,
+            e,
+            rtol=rtol,
+            atol=atol,
+            msg=lambda m, position=position: f"{msg}: output leaf {position}: {m}",
+        )
+
+
+def _tuples_to_lists(tree: Any) -> Any:
+    if isinstance(tree, (tuple, list)):
+        return [_tuples_to_lists(item) for item in tree]
+    if isinstance(tree, dict):
+        return {key: _tuples_to_lists(value) for key, value in tree.items()}
+    return tree
+
+
+def transposed_copy(t: torch.Tensor) -> torch.Tensor:
+    """Same values as ``t``, dims stored in reverse order: permute, copy, permute back.
+
+    The result is dense (so ``clone`` keeps its strides, as preserve_format does) but not
+    contiguous when ``t`` has two or more dims of size > 1. 0-d and 1-d tensors are copied.
+    """
+    order = list(reversed(range(t.dim())))
+    result = t.permute(order).contiguous().permute(order)
+    assert torch.equal(result, t)
+    return result
+
+
+def strided_copy(t: torch.Tensor, step: int = 2, offset: int = 1) -> torch.Tensor:
+    """Same values as ``t``, living in every ``step``-th element of a bigger buffer at ``offset``.
+
+    Built by slicing a larger tensor with ``[offset::step]`` on every dim, so strides are
+    ``step`` times the contiguous ones, the storage offset is non-zero and the memory between the
+    elements belongs to the buffer (filled with NaN: reading it shows up in any comparison).
+    """
+    if t.dim() == 0:
+        buffer = torch.full((offset + 1,), float("nan"), dtype=t.dtype)
+        result = buffer[offset]
+    else:
+        big_shape = [offset + step * size for size in t.shape]
+        buffer = torch.full(big_shape, float("nan"), dtype=t.dtype)
+        index = tuple(slice(offset, offset + step * size, step) for size in t.shape)
+        result = buffer[index]
+    result.copy_(t)
+    assert torch.equal(result, t)
+    return result
+
+
+def noncontiguous_variants(args: Sequence[torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Named versions of ``args`` with equal values and other layouts, for plain (unbatched) runs.
+
+    ``"contiguous"`` is the baseline; ``"transposed"`` uses :func:`transposed_copy` on every
+    argument, ``"strided"`` uses :func:`strided_copy`, and ``"mixed"`` alternates the two.
+    """
+    makers = (transposed_copy, strided_copy)
+    return {
+        "contiguous": tuple(a.contiguous() for a in args),
+        "transposed": tuple(transposed_copy(a) for a in args),
+        "strided": tuple(strided_copy(a) for a in args),
+        "mixed": tuple(makers[i % 2](a) for i, a in enumerate(args)),
+    }
+
+
+def in_dims_sweep(ndims: Sequence[int], *, unbatched: Iterable[int] = ()) -> list[InDims]:
+    """``in_dims`` tuples placing each argument's batch dim at every position it can take.
+
+    An argument with ``n`` per-sample dims has ``n + 1`` batch positions. The sweep holds the
+    "aligned" tuples (every argument at position ``k``, clamped to its range) for every ``k``
+    and "staggered" ones (argument ``i`` at ``(k + i) mod (n_i + 1)``), so arguments also differ
+    from each other. ``unbatched`` lists argument indices for which one extra tuple with that
+    argument ``None`` (the others last) is added. Duplicates are dropped; order is stable.
+    """
+    top = max(ndims, default=0)
+    candidates: list[InDims] = []
+    for k in range(top + 1):
+        candidates.append(tuple(min(k, n) for n in ndims))
+    for k in range(top + 1):
+        candidates.append(tuple((k + i) % (n + 1) for i, n in enumerate(ndims)))
+    for index in unbatched:
+        candidates.append(tuple(None if i == index else n for i, n in enumerate(ndims)))
+    seen: dict[InDims, None] = {}
+    for candidate in candidates:
+        seen.setdefault(candidate, None)
+    return list(seen)
+
+
+def in_dims_id(in_dims: InDims) -> str:
+    """A readable pytest id for an ``in_dims`` tuple, e.g. ``bd=2,0,N``."""
+    return "bd=" + ",".join("N" if bd is None else str(bd) for bd in in_dims)
