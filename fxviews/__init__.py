@@ -7,6 +7,7 @@ from fxviews.backend import backend  # importing it registers backend="fxviews" 
 from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite
 from fxviews.tracing import trace
+from fxviews.transforming import explain, transform
 
 __all__ = [
     "FxViewsError",
@@ -14,6 +15,8 @@ __all__ = [
     "RewriteResult",
     "UnsafeAsStridedError",
     "backend",
+    "explain",
     "rewrite",
     "trace",
+    "transform",
 ]

@@ -1,0 +1,250 @@
+"""Graph-diff printouts and logging for rewrites.
+
+``str(fxviews.rewrite(gm))`` calls :func:`format_result`: a table with one row per as_strided
+node, a summary line, and a unified diff of the graph code. :func:`report_rewrite` is what
+:func:`fxviews.transform` and the ``torch.compile`` backend call on every graph they rewrite:
+it logs each record to ``logging.getLogger("fxviews")`` at DEBUG and, when the environment
+variable ``FXVIEWS_DEBUG`` is set to ``1``, prints the whole printout to stderr.
+
+Example::
+
+    >>> res = fxviews.explain(push_jvp, x, y, yt)
+    >>> print(res)                       # table, summary, diff
+    >>> print(format_result(res, width=80, diff=False))
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import re
+import sys
+import textwrap
+from collections import Counter
+from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
+
+from tabulate import tabulate
+
+from fxviews.passes import METHODS, Record
+
+if TYPE_CHECKING:
+    from fxviews.rewriting import RewriteResult
+
+__all__ = [
+    "DEBUG_ENV",
+    "debug_enabled",
+    "format_diff",
+    "format_result",
+    "format_summary",
+    "format_table",
+    "logger",
+    "report_rewrite",
+]
+
+#: The logger every fxviews component writes to.
+logger = logging.getLogger("fxviews")
+
+#: Environment variable that makes :func:`report_rewrite` print every rewrite it sees.
+DEBUG_ENV = "FXVIEWS_DEBUG"
+
+#: Default printout width: a terminal 100 columns wide shows every line without wrapping.
+DEFAULT_WIDTH = 100
+
+_HEADERS = ("node", "before", "after", "method", "reason")
+# tabulate's "simple" format puts two spaces between columns and nothing at the edges.
+_COLUMN_GAP = 2
+# tabulate's own minimum: a column is at least its header plus this wide.
+_HEADER_PADDING = 2
+_REASON_RESERVE = 16
+# FX appends `;  a = b = None` to free intermediates early. The list of names changes whenever
+# a node gains or loses its last user, so it turns unchanged lines into diff noise.
+_FREE_SUFFIX = re.compile(r";\s+(?:[A-Za-z_]\w*\s*=\s*)+None\s*$")
+
+
+def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bool = True) -> str:
+    """The full printout of a :class:`~fxviews.RewriteResult`: table, summary line, code diff.
+
+    Every line fits in ``width`` columns, 60 or more (long cells and long code lines are
+    wrapped, never cut). ``diff=False`` leaves out the code diff.
+
+    Example::
+
+        >>> print(format_result(fxviews.explain(push_jvp, x, y, yt), width=80))
+    """
+    parts = []
+    if result.records:
+        parts.append(format_table(result.records, width=width))
+    parts.append(format_summary(result))
+    if diff:
+        parts.append(format_diff(result.code_before, result.code_after, width=width))
+    return "\n\n".join(parts)
+
+
+def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> str:
+    """A tabulate table of ``records``, one row per node, at most ``width`` wide.
+
+    Example::
+
+        >>> print(format_table([Record("as_strided", "as_strided(t, [6], [1], 0)",
+        ...                            "select(t, 0, 0)", "provenance", "twin view")]))
+    """
+    rows = [[r.node, r.before, r.after, r.method, r.reason] for r in records]
+    # tabulate makes every column at least its header plus _HEADER_PADDING wide.
+    minimums = [len(header) + _HEADER_PADDING for header in _HEADERS]
+    natural = [
+        max([minimums[i]] + [_widest_line(row[i]) for row in rows]) for i in range(len(_HEADERS))
+    ]
+    budget = width - _COLUMN_GAP * (len(_HEADERS) - 1)
+    # Node names and methods are short identifiers: never wrapped. The code columns (before,
+    # after) share most of the rest, leaving up to _REASON_RESERVE columns to the reason.
+    node, before, after, method, reason = natural
+    reserve = min(reason, _REASON_RESERVE)
+    code = _fit_columns([before, after], minimums[1:3], budget - node - method - reserve)
+    widths = [node, *code, method, max(budget - node - method - sum(code), minimums[4])]
+    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths)] for row in rows]
+    return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
+
+
+def format_summary(result: RewriteResult) -> str:
+    """One line: per kind of node, how many were rewritten (by method) and kept; the time.
+
+    Example::
+
+        >>> format_summary(res)
+        'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
+    """
+    elapsed = f"in {result.seconds * 1e3:.1f} ms"
+    if not result.records:
+        changed = "graph cleaned up" if result.modified else "graph unchanged"
+        return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
+    # Records are per node of the kinds the engine rewrites (as_strided, view, ...); `before`
+    # starts with the node's op.
+    by_kind: dict[str, Counter[str]] = {}
+    for record in result.records:
+        kind = record.before.split("(", 1)[0] or "node"
+        by_kind.setdefault(kind, Counter())[record.method] += 1
+    parts = []
+    for kind, counts in by_kind.items():
+        kept = counts.pop("kept", 0)
+        by_method = ", ".join(f"{m} {counts[m]}" for m in METHODS if counts.get(m))
+        detail = f" ({by_method})" if by_method else ""
+        parts.append(f"{kind} {sum(counts.values())} rewritten{detail}, {kept} kept")
+    return "fxviews: " + "; ".join(parts) + f"; {elapsed}"
+
+
+def format_diff(
+    code_before: str,
+    code_after: str,
+    *,
+    width: int = DEFAULT_WIDTH,
+    context: int = 2,
+) -> str:
+    """A unified diff of two graph codes, with FX's ``x = None`` bookkeeping removed.
+
+    Lines longer than ``width`` are wrapped; continuation lines repeat the diff marker so the
+    printout still reads as a diff.
+
+    Example::
+
+        >>> print(format_diff(res.code_before, res.code_after))
+    """
+    before = _diffable_lines(code_before)
+    after = _diffable_lines(code_after)
+    lines = list(
+        difflib.unified_diff(before, after, "before", "after", n=context, lineterm="")
+    )
+    if not lines:
+        return "(graph code unchanged)"
+    out = []
+    for line in lines:
+        out.extend(_fold_diff_line(line, width))
+    return "\n".join(out)
+
+
+def debug_enabled() -> bool:
+    """Whether ``FXVIEWS_DEBUG`` asks for printouts (``1``, ``true``, ``yes`` or ``on``).
+
+    Read on every call, so setting the variable at run time takes effect.
+    """
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def report_rewrite(
+    result: RewriteResult,
+    *,
+    source: str,
+    stream: TextIO | None = None,
+) -> None:
+    """Log every record of ``result`` at DEBUG; with ``FXVIEWS_DEBUG=1`` also print its diff.
+
+    ``source`` says who rewrote the graph (e.g. ``"transform(f)"`` or ``"backend"``); it starts
+    every log message and the printout's header. The printout goes to ``stream`` (default
+    stderr) and only for graphs that held as_strided nodes or changed, so a debug run is not
+    flooded with empty reports.
+
+    Example::
+
+        >>> report_rewrite(fxviews.rewrite(gm), source="my_compiler")
+    """
+    for record in result.records:
+        logger.debug(
+            "%s: %s: %s -> %s [%s] %s",
+            source, record.node, record.before, record.after, record.method, record.reason,
+        )
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s: %s", source, format_summary(result))
+    if debug_enabled() and (result.records or result.modified):
+        stream = sys.stderr if stream is None else stream
+        print(f"=== fxviews rewrite: {source} ===\n{format_result(result)}\n", file=stream)
+
+
+def _widest_line(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def _fit_columns(natural: Sequence[int], minimums: Sequence[int], budget: int) -> list[int]:
+    """Column widths summing to at most ``budget`` where possible: narrow columns keep their
+    natural width, the rest share what is left equally (water filling), none below its
+    minimum."""
+    widths = list(natural)
+    if sum(widths) <= budget:
+        return widths
+    open_columns = set(range(len(widths)))
+    remaining = budget
+    while open_columns:
+        share = remaining // len(open_columns)
+        fitting = {i for i in open_columns if natural[i] <= share}
+        if not fitting:
+            for i in open_columns:
+                widths[i] = max(share, minimums[i])
+            break
+        for i in fitting:
+            widths[i] = natural[i]
+            remaining -= natural[i]
+        open_columns -= fitting
+    return widths
+
+
+def _wrap_cell(text: str, width: int) -> str:
+    # Break code after commas/spaces where possible; long identifiers are split as a last resort.
+    lines: list[str] = []
+    for line in text.splitlines() or [""]:
+        lines.extend(textwrap.wrap(line, width, break_on_hyphens=False) or [""])
+    return "\n".join(lines)
+
+
+def _diffable_lines(code: str) -> list[str]:
+    return [_FREE_SUFFIX.sub("", line).rstrip() for line in code.strip().splitlines()]
+
+
+def _fold_diff_line(line: str, width: int) -> Iterable[str]:
+    if len(line) <= width:
+        return [line]
+    marker, body = line[:1], line[1:]
+    indent = len(body) - len(body.lstrip())
+    # Continuations keep the marker (the printout still reads as a diff) and indent four
+    # columns past the line they continue, like hand-wrapped Python.
+    pieces = textwrap.wrap(
+        body, width - 1, subsequent_indent=" " * (indent + 4), break_on_hyphens=False
+    )
+    return [marker + piece for piece in pieces]

@@ -1,0 +1,357 @@
+"""``fxviews.transform`` and ``fxviews.explain``: the function-level front door.
+
+``transform(fn)`` traces ``fn`` once per input signature into an aten graph, rewrites the graph's
+``as_strided`` nodes into view ops, and runs that graph instead of ``fn``. Transforms applied
+outside it (``vmap``, ``jvp``, ``grad``, ...) then see ordinary view ops, whose batching and
+differentiation rules follow the real layout of their input, instead of ``as_strided`` calls
+that hard-code the layout of the example they were traced on.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
+
+import torch
+import torch.utils._pytree as pytree
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.utils._python_dispatch import _disable_current_modes
+
+from fxviews.passes import FxViewsError
+from fxviews.printouts import report_rewrite
+from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
+from fxviews.tracing import trace
+
+__all__ = ["CacheInfo", "explain", "transform"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: How many input signatures a transformed function remembers by default.
+DEFAULT_CACHE_SIZE = 32
+
+# What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
+# friends produce while tracing (they are computed again on every run).
+_GRAPH_OUTPUT_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of a transformed function's graph cache, like ``functools.lru_cache``'s."""
+
+    hits: int
+    misses: int
+    maxsize: int
+    currsize: int
+
+
+def transform(fn: _F, *, strict: bool = False, cache_size: int = DEFAULT_CACHE_SIZE) -> _F:
+    """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
+
+    On every call the arguments' signature (pytree structure; each tensor's logical shape,
+    dtype and device; every other value) selects a cached graph. On a miss, ``fn`` is traced on
+    fresh contiguous fake tensors of those shapes, outside any enclosing ``torch.func``
+    transform; its ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`,
+    dead nodes are dropped, and the graph is cached (``cache_size`` signatures, least recently
+    used first out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
+    ``grad``, ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their compositions applied
+    around the result see plain aten ops and are right for any memory layout, for example a
+    batch dim that is not first in memory. ``fn`` may itself use ``torch.func`` transforms.
+
+    Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
+    relative to the layout its input had when traced: fresh and contiguous.
+
+    Args:
+        fn: the function to transform. It must be traceable: no Python control flow on tensor
+            values. Non-tensor arguments are part of the signature and baked into the graph.
+        strict: raise :class:`fxviews.UnsafeAsStridedError` instead of keeping an as_strided
+            node that cannot be proven expressible with view ops.
+        cache_size: how many signatures to keep graphs for (at least 1).
+
+    Returns:
+        A function with ``fn``'s signature (``functools.wraps``), plus ``cache_info()`` and
+        ``cache_clear()``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        FxViewsError: at call time, when ``fn`` cannot be traced (data-dependent control flow,
+            a closure over a tensor of an enclosing transform).
+
+    Example::
+
+        >>> def f(x, y):
+        ...     x = x.clone()
+        ...     view = x[0]
+        ...     x.copy_(y)
+        ...     return view, x
+        >>> def push_jvp(x, y, yt):
+        ...     return torch.func.jvp(functools.partial(f, x), (y,), (yt,))
+        >>> batched = torch.func.vmap(fxviews.transform(push_jvp), in_dims=(1, 2, 2))
+        >>> primals, tangents = batched(x, y, yt)   # right for every batch position
+    """
+    if not callable(fn):
+        raise TypeError(f"fxviews.transform expects a callable, got {type(fn).__name__}")
+    if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+        raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
+    cache = _GraphCache(fn, strict=strict, maxsize=cache_size)
+
+    @functools.wraps(fn)
+    def transformed(*args: Any, **kwargs: Any) -> Any:
+        entry, tensors = cache.lookup(args, kwargs)
+        return entry.run(tensors)
+
+    transformed.cache_info = cache.info  # type: ignore[attr-defined]
+    transformed.cache_clear = cache.clear  # type: ignore[attr-defined]
+    return transformed  # type: ignore[return-value]
+
+
+def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> RewriteResult:
+    """Trace ``fn(*args)`` and rewrite it: ``fxviews.rewrite(fxviews.trace(fn, *args))``.
+
+    For debugging: print the result to see every as_strided node, what it became and why, and
+    the diff of the graph code. The trace uses ``args`` as they are (their layout included),
+    with real tensors; call it outside ``torch.func`` transforms.
+
+    Example::
+
+        >>> print(fxviews.explain(push_jvp, x, y, yt))
+    """
+    return rewrite(trace(fn, *args), strict=strict)
+
+
+@dataclass
+class _Entry:
+    """One cached graph and how to map arguments to it and its outputs back to ``fn``'s."""
+
+    graph_module: torch.fx.GraphModule
+    input_positions: tuple[int, ...]
+    out_spec: pytree.TreeSpec
+    # Output leaves the graph does not produce (None, Python numbers, ...): fixed per signature.
+    out_constants: tuple[Any, ...]
+    out_from_graph: tuple[bool, ...]
+    # Unhashable non-tensor arguments are keyed by id(); holding them keeps the ids unique.
+    keepalive: tuple[Any, ...]
+
+    def run(self, tensors: Sequence[Any]) -> Any:
+        produced = self.graph_module(*tensors)
+        if not self.out_constants:
+            return pytree.tree_unflatten(produced, self.out_spec)
+        produced_iter, constants = iter(produced), iter(self.out_constants)
+        leaves = [
+            next(produced_iter) if traced else next(constants) for traced in self.out_from_graph
+        ]
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+class _GraphCache:
+    """A bounded LRU map from input signatures to traced, rewritten graphs of one function."""
+
+    def __init__(self, fn: Callable[..., Any], *, strict: bool, maxsize: int) -> None:
+        self.fn = fn
+        self.strict = strict
+        self.maxsize = maxsize
+        self.entries: OrderedDict[Any, _Entry] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
+        """The entry for this call's signature (built on a miss) and the tensors to run it on."""
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            # The common call, only positional tensors, skips pytree flattening: the bulk of the
+            # cached path's overhead on small graphs.
+            key: Any = tuple(_tensor_key(a) for a in args)
+            entry = self._get(key)
+            if entry is None:
+                entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
+            return entry, args
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        keepalive: list[Any] = []
+        key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
+        entry = self._get(key)
+        if entry is None:
+            entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
+        return entry, [leaves[i] for i in entry.input_positions]
+
+    def _get(self, key: Any) -> _Entry | None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            self.entries.move_to_end(key)
+        return entry
+
+    def _insert(
+        self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
+    ) -> _Entry:
+        self.misses += 1
+        entry = self._build(spec, leaves, keepalive)
+        self.entries[key] = entry
+        if len(self.entries) > self.maxsize:
+            self.entries.popitem(last=False)
+        return entry
+
+    def info(self) -> CacheInfo:
+        return CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+    def _build(
+        self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
+    ) -> _Entry:
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        out_info: dict[str, Any] = {}
+
+        def flat_fn(*tensors: torch.Tensor) -> list[Any]:
+            filled = list(leaves)
+            for position, tensor in zip(positions, tensors):
+                filled[position] = tensor
+            args, kwargs = pytree.tree_unflatten(filled, spec)
+            out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))
+            out_info["from_graph"] = tuple(isinstance(o, _GRAPH_OUTPUT_TYPES) for o in out_leaves)
+            out_info["constants"] = tuple(
+                o for o in out_leaves if not isinstance(o, _GRAPH_OUTPUT_TYPES)
+            )
+            return [o for o in out_leaves if isinstance(o, _GRAPH_OUTPUT_TYPES)]
+
+        _check_no_captured_wrappers(self.fn)
+        # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
+        # batched under) the transforms or tracers this call happens inside either.
+        with _outside_transforms():
+            gm = _trace_fresh(flat_fn, [leaves[i] for i in positions], self.fn)
+            result = rewrite_in_place(gm, strict=self.strict)
+            result.graph_module.graph.eliminate_dead_code()
+            result.graph_module.recompile()
+        report_rewrite(result, source=f"transform({_name(self.fn)})")
+        return _Entry(
+            graph_module=result.graph_module,
+            input_positions=positions,
+            out_spec=out_info["spec"],
+            out_constants=out_info["constants"],
+            out_from_graph=out_info["from_graph"],
+            keepalive=keepalive,
+        )
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees.
+    return (tuple(tensor.shape), tensor.dtype, tensor.device)
+
+
+def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return (torch.Tensor, _tensor_key(leaf))
+    try:
+        hash(leaf)
+    except TypeError:
+        keepalive.append(leaf)
+        return (type(leaf), "id", id(leaf))
+    # The type keeps 1, 1.0 and True apart: they hash equal but trace differently.
+    return (type(leaf), leaf)
+
+
+@contextlib.contextmanager
+def _outside_transforms() -> Iterator[None]:
+    """Step out of every active torch.func transform and dispatch mode, in a fixed grad mode.
+
+    The graph is cached and reused from any context, so it must not depend on where the first
+    call happened: enclosing transforms are re-applied when the graph runs on the real arguments.
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporarily_clear_interpreter_stack())
+        stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        yield
+
+
+def _trace_fresh(
+    flat_fn: Callable[..., Any], tensors: list[torch.Tensor], fn: Callable[..., Any]
+) -> torch.fx.GraphModule:
+    """make_fx ``flat_fn`` on fake contiguous tensors with the logical metadata of ``tensors``.
+
+    Fake tensors cost no memory or compute and turn Python branches on tensor values into
+    errors instead of silently baking in one branch. The ShapeEnv lets ``.item()`` and boolean
+    masks trace as data-dependent values, as they run in eager mode. Call it inside
+    :func:`_outside_transforms`.
+    """
+    name = _name(fn)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    with mode:
+        fresh = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+    try:
+        return make_fx(flat_fn, tracing_mode="fake")(*fresh)
+    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+        raise FxViewsError(
+            f"fxviews.transform could not trace {name}: its Python control flow depends on "
+            f"tensor values (e.g. `if x.sum() > 0:`), which one cached graph cannot capture. "
+            f"Use torch.where or torch.cond instead. ({_first_line(err)})"
+        ) from err
+    except DynamicOutputShapeException as err:
+        raise FxViewsError(
+            f"fxviews.transform could not trace {name}: an operator's output shape depends "
+            f"on tensor values ({_first_line(err)})"
+        ) from err
+    except RuntimeError as err:
+        if "escaped from inside a function being" in str(err):
+            raise FxViewsError(
+                f"fxviews.transform could not trace {name}: it uses a tensor wrapped by an "
+                f"enclosing torch.func transform that is not one of its arguments (captured "
+                f"by a closure?). Pass that tensor as an argument."
+            ) from err
+        raise
+
+
+def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
+    """Refuse an ``fn`` whose closure holds a tensor wrapped by an enclosing transform.
+
+    Traced outside the transforms, such a tensor becomes a plain constant of the graph: under
+    ``grad`` or ``jvp`` its derivative would silently be zero. Closures, defaults and partial
+    arguments are searched (recursively through the functions they hold); tensors reached
+    another way (globals, attributes) are not, and vmap-wrapped ones are caught while tracing.
+    """
+    seen: set[int] = set()
+    pending: list[Any] = [fn]
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if torch._C._functorch.is_functorch_wrapped_tensor(obj):
+                raise FxViewsError(
+                    f"fxviews.transform cannot trace {_name(fn)}: it closes over a tensor "
+                    f"wrapped by an enclosing torch.func transform, whose derivative or batch "
+                    f"dim the cached graph would lose. Pass that tensor as an argument."
+                )
+        elif isinstance(obj, functools.partial):
+            pending += [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, (list, tuple)):
+            pending += obj
+        elif isinstance(obj, dict):
+            pending += obj.values()
+        elif callable(obj):
+            code_fn = getattr(obj, "__func__", obj)
+            for cell in getattr(code_fn, "__closure__", None) or ():
+                with contextlib.suppress(ValueError):  # an unassigned cell
+                    pending.append(cell.cell_contents)
+            pending += getattr(code_fn, "__defaults__", None) or ()
+            pending += (getattr(code_fn, "__kwdefaults__", None) or {}).values()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    if isinstance(fn, functools.partial):
+        return f"partial({_name(fn.func)})"
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

@@ -1,0 +1,216 @@
+"""Graph-diff printouts (``str(RewriteResult)``), the debug environment variable and logging."""
+from __future__ import annotations
+
+import functools
+import io
+import logging
+
+import pytest
+import torch
+
+import fxviews
+from fxviews.passes import Record
+from fxviews.printouts import (
+    DEBUG_ENV,
+    debug_enabled,
+    format_diff,
+    format_result,
+    format_summary,
+    format_table,
+    report_rewrite,
+)
+
+
+def seed(x, y):
+    x = x.clone()
+    view = x[0]
+    x.copy_(y)
+    return view, x
+
+
+def push_jvp(x, y, yt):
+    return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
+
+
+def windows_and_outside(x):
+    # One as_strided the engine synthesizes (sliding windows), one it must keep: it reads
+    # element 4, past the end of the slice it is applied to.
+    return x.as_strided((4, 3), (1, 1)) * 1, x[:4].as_strided((3,), (2,), 0) * 1
+
+
+@pytest.fixture(scope="module")
+def seed_result():
+    return fxviews.explain(push_jvp, torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+
+
+@pytest.fixture(scope="module")
+def mixed_result():
+    return fxviews.explain(windows_and_outside, torch.randn(8))
+
+
+def fake_result(records, *, code_before="def forward(self):\n    return ()", seconds=0.0021):
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    return fxviews.RewriteResult(
+        graph_module=gm, records=records, modified=bool(records), code_before=code_before,
+        seconds=seconds,
+    )
+
+
+LONG = "as_strided(" + ", ".join(f"clone_{i}" for i in range(30)) + ", [6, 6, 6], [36, 6, 1], 0)"
+RECORDS = [
+    Record("as_strided", "as_strided(clone_1, [6], [1], 0)", "select(clone_1, 0, 0)",
+           "provenance", "replays select"),
+    Record("as_strided_1", LONG, "unfold(unfold(x, 0, 2, 1), 1, 2, 1)", "synthesized",
+           "a chain of view ops " * 8),
+    Record("as_strided_2", "as_strided(t, [2, 3], [3, 1], 0)", "t", "identity", "same geometry"),
+    Record("as_strided_3", "as_strided(buf, [6], [1], 0)", "select(view, 0, 0)", "scatter",
+           "relative to the base view"),
+    Record("as_strided_4", "as_strided(x, [3], [1], 0)", "as_strided(x, [3], [1], 0)", "kept",
+           "exposes memory its input does not"),
+]
+
+
+def test_seed_printout_has_table_summary_and_diff(seed_result):
+    text = str(seed_result)
+    assert text == format_result(seed_result)
+    header = text.splitlines()[0].split()
+    assert header == ["node", "before", "after", "method", "reason"]
+    assert "provenance" in text and "select(clone_1, 0, 0)" in text
+    assert "as_strided 1 rewritten (provenance 1), 0 kept" in text
+    assert "--- before" in text and "+++ after" in text
+    removed = [line for line in text.splitlines() if line.startswith("-") and "as_strided" in line]
+    added = [line for line in text.splitlines() if line.startswith("+") and "select" in line]
+    assert removed and added
+    # FX's `name = None` bookkeeping is noise in a diff.
+    assert "= None" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_kept_and_synthesized_rows(mixed_result):
+    methods = [r.method for r in mixed_result.records]
+    assert sorted(methods) == ["kept", "synthesized"]
+    text = str(mixed_result)
+    rows = [line for line in text.splitlines() if line.startswith("as_strided")]
+    assert len(rows) == 2
+    assert "as_strided 1 rewritten (synthesized 1), 1 kept" in text
+    kept = next(row for row in columns(format_table(mixed_result.records)) if row[3] == "kept")
+    assert "reads storage address 4" in kept[4]  # why the node was kept
+    assert "unfold" in text
+
+
+def test_table_has_one_row_per_record_and_fits_the_width():
+    for width in (100, 80, 60):
+        table = format_table(RECORDS, width=width)
+        lines = table.splitlines()
+        assert max(len(line) for line in lines) <= width, (width, table)
+        starts = [line.split()[0] for line in lines[2:] if line and not line.startswith(" ")]
+        assert starts == [r.node for r in RECORDS]
+        for record in RECORDS:
+            assert record.method in table
+
+
+def columns(table: str) -> list[list[str]]:
+    """The cells of a tabulate "simple" table, wrapped lines joined: one list per row."""
+    lines = table.splitlines()
+    spans, start = [], 0
+    for dashes in lines[1].split("  "):
+        start = lines[1].index(dashes, start)
+        spans.append((start, start + len(dashes)))
+        start += len(dashes)
+    rows: list[list[str]] = []
+    for line in lines[2:]:
+        cells = [line[a:b].strip() for a, b in spans]
+        if cells[0]:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells)]
+    return rows
+
+
+@pytest.mark.parametrize("width", [100, 72])
+def test_wrapped_cells_lose_nothing(width):
+    rows = columns(format_table(RECORDS, width=width))
+    for row, record in zip(rows, RECORDS):
+        expected = [record.node, record.before, record.after, record.method, record.reason]
+        assert ["".join(cell.split()) for cell in row] == ["".join(e.split()) for e in expected]
+
+
+def test_summary_counts_each_method():
+    summary = format_summary(fake_result(RECORDS))
+    assert summary == (
+        "fxviews: as_strided 4 rewritten (provenance 1, synthesized 1, identity 1, scatter 1), "
+        "1 kept; in 2.1 ms"
+    )
+
+
+def test_summary_groups_records_by_kind_of_node():
+    records = RECORDS[:2] + [
+        Record("view", "view(clone, [-1])", "reshape(clone, [-1])", "reshape", "no alias"),
+        Record("view_1", "view(x, [6])", "", "kept", "aliasing is observable"),
+    ]
+    assert format_summary(fake_result(records)) == (
+        "fxviews: as_strided 2 rewritten (provenance 1, synthesized 1), 0 kept; "
+        "view 1 rewritten (reshape 1), 1 kept; in 2.1 ms"
+    )
+
+
+def test_summary_without_as_strided():
+    expected = "fxviews: no as_strided nodes, graph unchanged; in 2.1 ms"
+    assert format_summary(fake_result([])) == expected
+    result = fxviews.rewrite(fxviews.trace(lambda x: x * 2, torch.ones(2)))
+    text = str(result)
+    assert "no as_strided nodes" in text and "(graph code unchanged)" in text
+    assert not text.startswith("node")  # no empty table
+
+
+def test_diff_folds_long_lines_and_keeps_markers():
+    before = "def forward(self, x):\n    y = f(" + ", ".join(["x"] * 60) + ")\n    return y\n"
+    after = "def forward(self, x):\n    return x\n"
+    diff = format_diff(before, after, width=60)
+    lines = diff.splitlines()
+    assert max(len(line) for line in lines) <= 60
+    folded = [line for line in lines if line.startswith("-") and "x" in line]
+    assert len(folded) > 2  # one long removed line became several, all marked as removed
+    assert "".join(line[1:] for line in folded).count("x") == 60
+
+
+def test_diff_ignores_release_bookkeeping():
+    before = "def forward(self, x):\n    a = g(x);  x = None\n    return a\n"
+    after = "def forward(self, x):\n    a = g(x)\n    return a\n"
+    assert format_diff(before, after) == "(graph code unchanged)"
+
+
+@pytest.mark.parametrize("value, enabled", [("1", True), ("true", True), ("ON", True),
+                                            ("0", False), ("", False), ("no", False)])
+def test_debug_enabled(monkeypatch, value, enabled):
+    monkeypatch.setenv(DEBUG_ENV, value)
+    assert debug_enabled() is enabled
+
+
+def test_report_rewrite_prints_only_when_asked(monkeypatch, seed_result):
+    stream = io.StringIO()
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    report_rewrite(seed_result, source="unit", stream=stream)
+    assert stream.getvalue() == ""
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    report_rewrite(seed_result, source="unit", stream=stream)
+    printed = stream.getvalue()
+    assert printed.startswith("=== fxviews rewrite: unit ===") and "+++ after" in printed
+
+
+def test_report_rewrite_skips_graphs_with_nothing_to_show(monkeypatch):
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    stream = io.StringIO()
+    report_rewrite(fake_result([]), source="unit", stream=stream)
+    assert stream.getvalue() == ""
+
+
+def test_report_rewrite_logs_every_record_at_debug(caplog):
+    result = fake_result(RECORDS)
+    with caplog.at_level(logging.DEBUG, logger="fxviews"):
+        report_rewrite(result, source="unit")
+    messages = [r.getMessage() for r in caplog.records if r.name == "fxviews"]
+    for record in RECORDS:
+        assert any(record.node + ":" in m and f"[{record.method}]" in m for m in messages)
+    assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "fxviews")
+    assert any("as_strided 4 rewritten" in m for m in messages)

@@ -1,0 +1,668 @@
+"""``fxviews.transform`` and ``fxviews.explain`` (issue 3, "Done when").
+
+Two ways a transform meets ``transform(f)``:
+
+* **around it**: ``vmap``/``jvp``/``grad``/... of ``transform(f)`` must equal the same transform
+  of ``f`` (and, for vmap, eager ``f`` per sample). Here the transformed function is called with
+  batched/dual/grad-tracking wrappers and must trace outside them.
+* **inside it**: ``f`` itself uses ``torch.func`` (or ``as_strided``), so its traced graph holds
+  as_strided nodes with trace-time strides; ``vmap(transform(f))`` with the batch dim physically
+  anywhere must still equal eager ``f`` per sample, where ``vmap`` of the raw graph is wrong.
+
+Batched inputs are built with ``torch.stack(samples, dim=bd)`` (tests/reference.py), so the
+batch dim really sits where ``in_dims`` says.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+import fxviews
+from fxviews.printouts import DEBUG_ENV
+from tests.reference import (
+    as_strided_nodes,
+    assert_tree_close,
+    in_dims_id,
+    in_dims_sweep,
+    make_samples,
+    per_sample_reference,
+    stack_batched,
+)
+
+BATCH = 3
+SHAPE = (3, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# Functions that mutate a base through several views and read other views.
+# --------------------------------------------------------------------------------------------
+
+
+def seed(x: torch.Tensor, y: torch.Tensor) -> Any:
+    """The example of DESIGN.md."""
+    x = x.clone()
+    view = x[0]
+    x.copy_(y)
+    return view, x
+
+
+def several_views(x: torch.Tensor, y: torch.Tensor) -> Any:
+    x = x.clone()
+    row, col, diag = x[1], x[:, 2], x.diagonal()
+    col.add_(y[:, 1])
+    x[0].mul_(y[0])
+    x.t()[1:3].mul_(y.t()[0:2])
+    return row, col * 2, diag, x.unfold(1, 2, 1), x
+
+
+def chunks(x: torch.Tensor, y: torch.Tensor) -> Any:
+    x = x.clone()
+    left = x[:, :2]
+    last = x.select(0, 2)
+    left.mul_(y[:, :2])
+    # Taken after the base gained a gradient: mutating a view taken before that is rejected
+    # by eager grad ("a leaf Variable that requires grad is being used in an in-place op").
+    x.narrow(1, 2, 2).copy_(y[:, 2:] * 3)
+    return last, left.movedim(0, 1), x[:, ::3], x.narrow(0, 1, 2).expand(2, 2, 4)
+
+
+CORPUS = [seed, several_views, chunks]
+
+
+def loss(out: Any) -> torch.Tensor:
+    """A nonlinear real scalar of every output leaf, so gradients depend on the values."""
+    return sum((leaf * leaf.sin()).sum() for leaf in pytree.tree_leaves(out))
+
+
+# Wrappers that apply a torch.func transform *inside* the function; their traces hold
+# as_strided nodes (forward AD view tangents, AsStridedBackward / CopySlices).
+
+
+def inner_jvp(f: Callable[..., Any]) -> Callable[..., Any]:
+    def push_jvp(x, y, yt):
+        return jvp(functools.partial(f, x), (y,), (yt,))
+
+    return push_jvp
+
+
+def inner_vjp(f: Callable[..., Any]) -> Callable[..., Any]:
+    def pull_vjp(x, y):
+        out, pullback = vjp(functools.partial(f, x), y)
+        return out, pullback(pytree.tree_map(torch.cos, out))
+
+    return pull_vjp
+
+
+def inner_grad(f: Callable[..., Any]) -> Callable[..., Any]:
+    def gradient(x, y):
+        return grad(lambda y: loss(f(x, y)))(y)
+
+    return gradient
+
+
+def inner_jacfwd(f: Callable[..., Any]) -> Callable[..., Any]:
+    def jacobian(x, y):
+        return jacfwd(lambda y: f(x, y))(y)
+
+    return jacobian
+
+
+def inner_jacrev(f: Callable[..., Any]) -> Callable[..., Any]:
+    def jacobian(x, y):
+        return jacrev(lambda y: f(x, y))(y)
+
+    return jacobian
+
+
+def inner_hessian(f: Callable[..., Any]) -> Callable[..., Any]:
+    def hess(x, y):
+        return hessian(lambda y: loss(f(x, y)))(y)
+
+    return hess
+
+
+INNER = {
+    "jvp": (inner_jvp, 3),
+    "vjp": (inner_vjp, 2),
+    "grad": (inner_grad, 2),
+    "jacfwd": (inner_jacfwd, 2),
+    "jacrev": (inner_jacrev, 2),
+    "hessian": (inner_hessian, 2),
+}
+
+
+def samples_for(n_args: int, shape=SHAPE, *, seed: int = 0, dtype=torch.float64, batch=BATCH):
+    return make_samples([shape] * n_args, batch, seed=seed, dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Transforms inside fn, vmap outside: the seed case and its relatives.
+# --------------------------------------------------------------------------------------------
+
+
+def _inner_cases():
+    for f in CORPUS:
+        for name, (wrap, n_args) in INNER.items():
+            # Jacobians/Hessians of every corpus function cost more than they add; the seed and
+            # one multi-view function cover them.
+            if name in ("jacfwd", "jacrev", "hessian") and f is chunks:
+                continue
+            for in_dims in in_dims_sweep([2] * n_args, unbatched=[1]):
+                case_id = f"{f.__name__}-{name}-{in_dims_id(in_dims)}"
+                yield pytest.param(f, name, in_dims, id=case_id)
+
+
+@pytest.mark.parametrize("f, inner, in_dims", list(_inner_cases()))
+def test_vmap_of_transform_with_inner_functorch_matches_per_sample(f, inner, in_dims):
+    wrap, n_args = INNER[inner]
+    fn = wrap(f)
+    samples = samples_for(n_args)
+    batched = stack_batched(samples, in_dims)
+    actual = vmap(fxviews.transform(fn), in_dims=in_dims)(*batched)
+    assert_tree_close(actual, per_sample_reference(fn, samples, in_dims), msg=fn.__name__)
+
+
+@pytest.mark.parametrize("f", CORPUS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("inner", sorted(INNER))
+def test_explain_leaves_no_as_strided_for_the_corpus(f, inner):
+    wrap, n_args = INNER[inner]
+    result = fxviews.explain(wrap(f), *samples_for(n_args, batch=1)[0])
+    assert result.records, "the corpus is meant to produce as_strided nodes"
+    assert all(r.method != "kept" for r in result.records), result
+    assert not as_strided_nodes(result.graph_module)
+
+
+def test_raw_graph_is_wrong_where_transform_is_right():
+    """The harness can fail: the traced graph, vmapped as is, gives wrong tangents."""
+    fn = inner_jvp(seed)
+    samples = samples_for(3)
+    in_dims = (1, 2, 2)
+    batched = stack_batched(samples, in_dims)
+    reference = per_sample_reference(fn, samples, in_dims)
+    raw = vmap(fxviews.trace(fn, *samples[0]), in_dims=in_dims)(*batched)
+    with pytest.raises(AssertionError):
+        assert_tree_close(raw, reference)
+    assert_tree_close(vmap(fxviews.transform(fn), in_dims=in_dims)(*batched), reference)
+
+
+# --------------------------------------------------------------------------------------------
+# Transforms around transform(f): equal to the same transform of f.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("f", CORPUS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("in_dims", in_dims_sweep([2, 2], unbatched=[1]), ids=in_dims_id)
+def test_vmap_around_transform(f, in_dims):
+    samples = samples_for(2)
+    batched = stack_batched(samples, in_dims)
+    actual = vmap(fxviews.transform(f), in_dims=in_dims)(*batched)
+    assert_tree_close(actual, per_sample_reference(f, samples, in_dims))
+
+
+def _outer(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``name`` applied to ``fn(x, y)`` with respect to ``y``, as a function of ``(x, y)``."""
+    scalar = lambda x, y: loss(fn(x, y))  # noqa: E731
+    if name == "jvp":
+        return lambda x, y: jvp(functools.partial(fn, x), (y,), (y.cos(),))
+    if name == "vjp":
+        def pull(x, y):
+            out, pullback = vjp(functools.partial(fn, x), y)
+            return out, pullback(pytree.tree_map(torch.sin, out))
+        return pull
+    if name == "grad":
+        return grad(scalar, argnums=1)
+    if name == "jacfwd":
+        return jacfwd(fn, argnums=1)
+    if name == "jacrev":
+        return jacrev(fn, argnums=1)
+    if name == "hessian":
+        return hessian(scalar, argnums=1)
+    if name == "jacfwd(jacrev)":
+        return jacfwd(jacrev(scalar, argnums=1), argnums=1)
+    raise AssertionError(name)
+
+
+OUTER = ["jvp", "vjp", "grad", "jacfwd", "jacrev", "hessian", "jacfwd(jacrev)"]
+
+
+@pytest.mark.parametrize("f", CORPUS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("outer", OUTER)
+def test_transform_around_transform_equals_transform_of_f(f, outer):
+    x, y = samples_for(2, batch=1)[0]
+    assert_tree_close(_outer(outer, fxviews.transform(f))(x, y), _outer(outer, f)(x, y))
+
+
+@pytest.mark.parametrize("outer", ["grad", "jvp", "jacrev"])
+@pytest.mark.parametrize("in_dims", in_dims_sweep([2, 2]), ids=in_dims_id)
+def test_vmap_of_outer_transform_around_transform(outer, in_dims):
+    """vmap(grad(transform(f))) and friends: the wrappers nest (Batched over GradTracking)."""
+    samples = samples_for(2)
+    batched = stack_batched(samples, in_dims)
+    actual = vmap(_outer(outer, fxviews.transform(several_views)), in_dims=in_dims)(*batched)
+    assert_tree_close(actual, per_sample_reference(_outer(outer, several_views), samples, in_dims))
+
+
+def nested_stack(grid: list[list[tuple[torch.Tensor, ...]]], inner: tuple, outer: tuple):
+    """Batch a grid of samples twice: inner index stacked at ``inner``, outer at ``outer``."""
+    rows = [stack_batched(row, inner) for row in grid]
+    return tuple(
+        torch.stack([row[i] for row in rows], dim=bd) for i, bd in enumerate(outer)
+    )
+
+
+@pytest.mark.parametrize(
+    "inner_dims, outer_dims", [((0, 0), (0, 0)), ((1, 2), (2, 0)), ((2, 1), (1, 3))]
+)
+def test_nested_vmap_around_transform_with_inner_jvp(inner_dims, outer_dims):
+    fn = inner_vjp(several_views)
+    grid = [samples_for(2, seed=i) for i in range(2)]
+    batched = nested_stack(grid, inner_dims, outer_dims)
+    actual = vmap(vmap(fxviews.transform(fn), in_dims=inner_dims), in_dims=outer_dims)(*batched)
+    expected = [per_sample_reference(fn, row, inner_dims) for row in grid]
+    expected = pytree.tree_map(lambda *leaves: torch.stack(leaves), *expected)
+    assert_tree_close(actual, expected)
+
+
+def test_transform_inside_transform_traces_through():
+    """A transformed function called while another one is being traced (an outer make_fx)."""
+    inner = fxviews.transform(inner_jvp(seed))
+    outer = fxviews.transform(lambda x, y, yt: [t * 2 for t in pytree.tree_leaves(inner(x, y, yt))])
+    samples = samples_for(3)
+    in_dims = (2, 1, 0)
+    actual = vmap(outer, in_dims=in_dims)(*stack_batched(samples, in_dims))
+    def reference(x, y, yt):
+        return [t * 2 for t in pytree.tree_leaves(inner_jvp(seed)(x, y, yt))]
+
+    assert_tree_close(actual, per_sample_reference(reference, samples, in_dims))
+
+
+def test_tracing_a_transformed_function_records_only_its_rewritten_graph():
+    """Tracing and rewriting happen outside the caller's tracer: none of it leaks into its graph."""
+    fn = fxviews.transform(inner_jvp(seed))
+    gm = fxviews.trace(fn, *samples_for(3, batch=1)[0])
+    assert not as_strided_nodes(gm)
+    assert all(node.op != "get_attr" for node in gm.graph.nodes), gm.code
+
+
+# --------------------------------------------------------------------------------------------
+# User-written as_strided: eager vmap is silently wrong unless the batch dim is first.
+# --------------------------------------------------------------------------------------------
+
+
+def sliding_windows(x):
+    return x.as_strided((x.numel() - 2, 3), (1, 1)) * 1
+
+
+def patches(x):
+    h, w = x.shape
+    return x.as_strided((h - 1, w - 1, 2, 2), (w, 1, w, 1)).sum((-1, -2))
+
+
+def hankel(v):
+    n = (v.numel() + 1) // 2
+    return v.as_strided((n, n), (1, 1)) * 1
+
+
+def strided_diagonal(x):
+    return x.as_strided((x.shape[0],), (x.shape[1] + 1,)) * 1
+
+
+def stride0_broadcast(v):
+    return v.as_strided((3, v.numel()), (0, 1)) * v.as_strided((v.numel(), 3), (1, 0)).t()
+
+
+def blocks(x):
+    n = x.shape[1]
+    return x.as_strided((2, 2), (n, 1), n + 1) * 1 + x.as_strided((2, 2), (n, 1), 0)
+
+
+def offset_view_blocks(x):
+    # as_strided of a view with a storage offset: read relative to the view's own layout.
+    inner = x[1:]
+    return inner.as_strided((2, 2), (x.shape[1], 1), x.shape[1] + 1) * 1
+
+
+def stft_frames(x):
+    window = torch.hann_window(8, dtype=x.dtype.to_real(), device=x.device)
+    spec = torch.stft(x, 8, hop_length=2, window=window, center=False, return_complex=True)
+    return spec.abs() if not x.is_complex() else spec.real
+
+
+USER = [
+    (sliding_windows, (7,)),
+    (patches, (4, 5)),
+    (hankel, (7,)),
+    (strided_diagonal, (4, 4)),
+    (stride0_broadcast, (5,)),
+    (blocks, (4, 4)),
+    (offset_view_blocks, (4, 4)),
+    (stft_frames, (24,)),
+]
+
+
+def _user_cases():
+    for fn, shape in USER:
+        for bd in range(len(shape) + 1):
+            yield pytest.param(fn, shape, bd, id=f"{fn.__name__}-bd={bd}")
+
+
+@pytest.mark.parametrize("fn, shape, bd", list(_user_cases()))
+def test_vmap_of_user_as_strided(fn, shape, bd):
+    samples = make_samples([shape], BATCH, seed=1)
+    (batched,) = stack_batched(samples, (bd,))
+    actual = vmap(fxviews.transform(fn), in_dims=bd)(batched)
+    assert_tree_close(actual, per_sample_reference(fn, samples, (bd,)))
+
+
+@pytest.mark.parametrize("fn, shape, bd", list(_user_cases()))
+def test_vmap_of_jvp_of_user_as_strided(fn, shape, bd):
+    samples = make_samples([shape, shape], BATCH, seed=2)
+    batched = stack_batched(samples, (bd, (bd + 1) % (len(shape) + 1)))
+    in_dims = (bd, (bd + 1) % (len(shape) + 1))
+    tf = fxviews.transform(fn)
+    actual = vmap(lambda x, t: jvp(tf, (x,), (t,)), in_dims=in_dims)(*batched)
+    expected = per_sample_reference(lambda x, t: jvp(fn, (x,), (t,)), samples, in_dims)
+    assert_tree_close(actual, expected)
+
+
+def test_eager_vmap_of_user_as_strided_is_wrong_when_batch_is_not_first():
+    """Why transform exists: the same comparison fails for eager vmap (documents the bug)."""
+    samples = make_samples([(7,)], BATCH, seed=1)
+    (batched,) = stack_batched(samples, (1,))
+    with pytest.raises(AssertionError):
+        assert_tree_close(
+            vmap(hankel, in_dims=1)(batched), per_sample_reference(hankel, samples, (1,))
+        )
+
+
+@pytest.mark.parametrize("inner_bd, outer_bd", [(0, 1), (1, 0), (2, 2)])
+def test_nested_vmap_of_user_as_strided(inner_bd, outer_bd):
+    grid = [make_samples([(4, 5)], 2, seed=10 + i) for i in range(3)]
+    (batched,) = nested_stack(grid, (inner_bd,), (outer_bd,))
+    actual = vmap(vmap(fxviews.transform(patches), in_dims=inner_bd), in_dims=outer_bd)(batched)
+    expected = torch.stack([torch.stack([patches(s[0]) for s in row]) for row in grid])
+    assert_tree_close(actual, expected)
+
+
+# --------------------------------------------------------------------------------------------
+# dtypes and edge shapes.
+# --------------------------------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float64, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("in_dims", [(0, 0, 0), (1, 2, 2), (2, 0, 1)], ids=in_dims_id)
+def test_seed_dtypes(dtype, in_dims):
+    fn = inner_jvp(several_views)
+    samples = samples_for(3, dtype=dtype)
+    actual = vmap(fxviews.transform(fn), in_dims=in_dims)(*stack_batched(samples, in_dims))
+    assert_tree_close(actual, per_sample_reference(fn, samples, in_dims))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "fn, shape",
+    [(hankel, (7,)), (patches, (4, 5)), (stft_frames, (24,))],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_user_as_strided_dtypes(dtype, fn, shape):
+    samples = make_samples([shape], BATCH, seed=3, dtype=dtype)
+    (batched,) = stack_batched(samples, (1,))
+    actual = vmap(fxviews.transform(fn), in_dims=1)(batched)
+    assert_tree_close(actual, per_sample_reference(fn, samples, (1,)))
+
+
+def scalar_seed(x, y):
+    x = x.clone()
+    view = x[...]
+    x.mul_(y)
+    return view * 2, x
+
+
+def first_column(x, y):
+    x = x.clone()
+    col = x[:, 0]
+    x.copy_(y)
+    return col, x[0:0]
+
+
+EDGE = [
+    pytest.param(scalar_seed, (), id="0-dim"),
+    pytest.param(first_column, (0, 3), id="0-size"),
+    pytest.param(seed, (2, 0), id="0-size-views"),
+    pytest.param(seed, (1, 4), id="size-1-rows"),
+    pytest.param(first_column, (4, 1), id="size-1-cols"),
+    pytest.param(several_views, (3, 4), id="regular"),
+]
+
+
+@pytest.mark.parametrize("f, shape", EDGE)
+@pytest.mark.parametrize("inner", ["jvp", "vjp"])
+def test_edge_shapes(f, shape, inner):
+    wrap, n_args = INNER[inner]
+    fn = wrap(f)
+    samples = make_samples([shape] * n_args, BATCH, seed=4)
+    for in_dims in in_dims_sweep([len(shape)] * n_args):
+        actual = vmap(fxviews.transform(fn), in_dims=in_dims)(*stack_batched(samples, in_dims))
+        assert_tree_close(actual, per_sample_reference(fn, samples, in_dims), msg=str(in_dims))
+
+
+def test_non_contiguous_arguments_without_vmap():
+    fn = inner_jvp(several_views)
+    x, y, yt = samples_for(3, batch=1)[0]
+    odd = (x.t().contiguous().t(), y[:, None].expand(3, 2, 4)[:, 1], yt.clone())
+    assert_tree_close(fxviews.transform(fn)(*odd), fn(*odd))
+
+
+# --------------------------------------------------------------------------------------------
+# Call semantics: signature cache, pytrees, aliasing, metadata.
+# --------------------------------------------------------------------------------------------
+
+
+def test_cache_hits_for_same_signature_and_inside_vmap():
+    tf = fxviews.transform(inner_jvp(seed))
+    x, y, yt = samples_for(3, batch=1)[0]
+    tf(x, y, yt)
+    tf(x + 1, y, yt)
+    assert tf.cache_info()[:2] == (1, 1)
+    # Inside vmap the logical shapes are the per-sample ones: the same graph is reused.
+    vmap(tf, in_dims=(1, 2, 2))(*stack_batched(samples_for(3), (1, 2, 2)))
+    assert tf.cache_info().hits == 2 and tf.cache_info().misses == 1
+
+
+def test_cache_keys_on_shape_dtype_and_non_tensor_values():
+    calls = []
+
+    def fn(x, scale, *, mode):
+        calls.append(1)
+        return x * scale if mode == "mul" else x + scale
+
+    tf = fxviews.transform(fn)
+    x = torch.ones(2)
+    assert torch.equal(tf(x, 2, mode="mul"), torch.full((2,), 2.0))
+    assert torch.equal(tf(x, 2, mode="add"), torch.full((2,), 3.0))
+    tf(x, 2.0, mode="mul")  # 2 and 2.0 hash equal but are different signatures
+    tf(x.double(), 2, mode="mul")
+    tf(torch.ones(3), 2, mode="mul")
+    tf(x, 2, mode="mul")
+    assert len(calls) == 5
+    assert tf.cache_info() == (1, 5, 32, 5)
+
+
+def test_cache_is_bounded_lru():
+    tf = fxviews.transform(lambda x: x * 2, cache_size=2)
+    a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
+    tf(a), tf(b), tf(a), tf(c)  # c evicts b, the least recently used
+    assert tf.cache_info().currsize == 2
+    tf(a)
+    assert tf.cache_info().misses == 3
+    tf(b)
+    assert tf.cache_info().misses == 4
+    tf.cache_clear()
+    assert tf.cache_info() == (0, 0, 2, 0)
+
+
+def test_unhashable_non_tensor_argument_is_keyed_by_identity():
+    class Config:  # unhashable on purpose
+        __hash__ = None
+
+        def __init__(self, k):
+            self.k = k
+
+    tf = fxviews.transform(lambda x, cfg: x * cfg.k)
+    cfg = Config(3)
+    assert torch.equal(tf(torch.ones(2), cfg), torch.full((2,), 3.0))
+    assert torch.equal(tf(torch.ones(2), Config(4)), torch.full((2,), 4.0))
+    tf(torch.ones(2), cfg)
+    assert tf.cache_info()[:2] == (1, 2)
+
+
+def test_pytree_inputs_and_outputs_with_constants():
+    def fn(inputs, n):
+        a, b = inputs["a"], inputs["b"][0]
+        return {"sum": a + b, "n": n, "none": None, "shape": a.shape[0], "pair": (a * 2, "tag")}
+
+    tf = fxviews.transform(fn)
+    inputs = {"a": torch.arange(3.0), "b": [torch.ones(3)]}
+    out = tf(inputs, 7)
+    assert out["n"] == 7 and out["none"] is None and out["shape"] == 3 and out["pair"][1] == "tag"
+    assert_tree_close(out["sum"], torch.arange(3.0) + 1)
+
+
+def test_pytree_inputs_under_vmap():
+    tf = fxviews.transform(lambda inputs: {"sum": inputs["a"] + inputs["b"][0]})
+    a, b = torch.arange(6.0).view(3, 2), torch.ones(3)
+    batched = vmap(tf, in_dims=({"a": 1, "b": [None]},))({"a": a, "b": [b]})
+    assert_tree_close(batched, {"sum": a.t() + b})
+
+
+def test_aliasing_and_in_place_mutation_of_arguments_are_kept():
+    tf = fxviews.transform(lambda x: (x.add_(1), x[0]))
+    x = torch.zeros(2, 3)
+    out, row = tf(x)
+    assert torch.equal(x, torch.ones(2, 3))
+    assert out.data_ptr() == x.data_ptr() and row.data_ptr() == x.data_ptr()
+
+
+def test_closure_tensors_are_used_by_reference():
+    weight = torch.ones(3, requires_grad=True)
+    tf = fxviews.transform(lambda x: (x * weight).sum())
+    tf(torch.arange(3.0)).backward()
+    assert torch.equal(weight.grad, torch.arange(3.0))
+
+
+def test_data_dependent_values_trace_like_eager():
+    tf = fxviews.transform(lambda x: (x * x.max().item(), x[x > 0]))
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert_tree_close(tf(x), (x * 3, torch.tensor([1.0, 3.0])))
+
+
+def test_functools_wraps():
+    def documented(x):
+        """Docstring."""
+        return x
+
+    tf = fxviews.transform(documented)
+    assert tf.__name__ == "documented" and tf.__doc__ == "Docstring."
+    assert tf.__wrapped__ is documented
+
+
+def test_explain_returns_the_rewrite_result():
+    result = fxviews.explain(inner_jvp(seed), *samples_for(3, batch=1)[0])
+    assert isinstance(result, fxviews.RewriteResult)
+    assert [r.method for r in result.records] == ["provenance"]
+    assert "select" in str(result)
+
+
+def test_debug_env_prints_each_rewrite_once(monkeypatch, capsys):
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    tf = fxviews.transform(inner_jvp(seed))
+    args = samples_for(3, batch=1)[0]
+    tf(*args)
+    first = capsys.readouterr().err
+    assert "fxviews rewrite: transform(" in first and "+++ after" in first and "provenance" in first
+    tf(*args)  # cached: nothing is rewritten, nothing printed
+    assert capsys.readouterr().err == ""
+
+
+def test_debug_logging(caplog):
+    with caplog.at_level(logging.DEBUG, logger="fxviews"):
+        fxviews.transform(inner_jvp(seed))(*samples_for(3, batch=1)[0])
+    messages = [r.getMessage() for r in caplog.records if r.name == "fxviews"]
+    assert any("as_strided" in m and "provenance" in m for m in messages)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors.
+# --------------------------------------------------------------------------------------------
+
+
+def test_non_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="callable"):
+        fxviews.transform(torch.ones(2))
+    with pytest.raises(TypeError, match="callable"):
+        fxviews.explain("not a function", torch.ones(2))
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, True])
+def test_bad_cache_size(size):
+    with pytest.raises(ValueError, match="cache_size"):
+        fxviews.transform(lambda x: x, cache_size=size)
+
+
+def branchy(x):
+    if x.sum() > 0:
+        return x * 2
+    return x
+
+
+def test_data_dependent_control_flow_names_fn():
+    with pytest.raises(fxviews.FxViewsError, match=r"branchy.*control flow"):
+        fxviews.transform(branchy)(torch.ones(3))
+    with pytest.raises(fxviews.FxViewsError, match="branchy"):
+        vmap(fxviews.transform(branchy))(torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
+def test_tensor_captured_from_enclosing_transform(transform):
+    """Traced outside the transforms, it would be a constant: zero derivative, no batch dim."""
+
+    def outer(v):
+        return fxviews.transform(lambda x: (x * v).sum())(torch.ones(3))
+
+    v = torch.ones(3)
+    call = {
+        "vmap": lambda: vmap(outer)(torch.ones(2, 3)),
+        "grad": lambda: grad(outer)(v),
+        "jvp": lambda: jvp(outer, (v,), (v,)),
+    }[transform]
+    with pytest.raises(fxviews.FxViewsError, match="argument"):
+        call()
+
+
+def reads_outside(x):
+    # Starts one element before the slice it is given: memory x does not expose.
+    return x[1:].as_strided((3,), (1,), 0) * 1
+
+
+def test_strict_raises_for_an_unsafe_as_strided():
+    with pytest.raises(fxviews.UnsafeAsStridedError):
+        fxviews.transform(reads_outside, strict=True)(torch.arange(4.0))
+    # Not strict: kept, and it still computes what eager computes on a fresh input.
+    x = torch.arange(4.0)
+    assert_tree_close(fxviews.transform(reads_outside)(x), reads_outside(x))
+
+
+def test_errors_raised_by_fn_propagate_unchanged():
+    def broken(x):
+        raise ValueError("user bug")
+
+    with pytest.raises(ValueError, match="user bug"):
+        fxviews.transform(broken)(torch.ones(1))
