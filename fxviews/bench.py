@@ -1,0 +1,506 @@
+"""``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
+
+Six tables, each a set of timings taken in this run with ratios beside them (ratios measured in
+one process on one machine are what compare; absolute times move with the machine):
+
+1. ``vmap``        vmap over the rewritten graph of the seed's ``push_jvp`` vs a per-sample Python
+                   loop of eager ``push_jvp``, eager ``vmap(push_jvp)`` and
+                   ``vmap(fxviews.transform(push_jvp))``.
+2. ``graph``       the rewritten graph vs the original graph, same contiguous inputs, no vmap.
+3. ``first_call``  first call of ``transform(fn)`` vs first call of ``torch.compile(fn)`` with
+                   ``aot_eager`` and with the default backend, on a fresh function.
+4. ``pass_cost``   the engine's cost vs graph size, per node and as a fraction of make_fx.
+5. ``overhead``    a cached ``transform`` call vs calling its graph module directly.
+6. ``compile``     compile time of ``backend="fxviews"`` vs ``aot_eager``.
+
+Every timing is a median over repeats. torch runs on one thread unless ``--threads`` says
+otherwise, so that timings do not depend on how busy the other cores are. A row whose
+dependency cannot run here prints ``n/a (reason)`` instead of a number.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from tabulate import tabulate
+
+import fxviews
+from fxviews.passes import AsStridedToViews, eliminate_dead_metadata_checks
+
+__all__ = ["add_arguments", "main", "run"]
+
+#: Row names, in the order they run and print.
+ROWS = ("vmap", "graph", "first_call", "pass_cost", "overhead", "compile")
+
+#: A JSON-ready table: one dict per printed line, the same keys in every dict.
+Table = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard to measure: ``--quick`` trades precision for a run of under a minute."""
+
+    repeats: int  # medians are taken over this many repeats
+    min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
+    batch_sizes: tuple[int, ...]
+    graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
+    compile_repeats: int  # first-call/compile timings are seconds each: fewer repeats
+    default_backend: bool  # Inductor compiles for many seconds; --quick leaves it out
+
+
+QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False)
+FULL = Settings(7, 0.1, (8, 64, 256, 1024), (1_000, 10_000, 100_000), 3, True)
+
+
+# --- the functions measured -----------------------------------------------------------------
+
+
+def seed(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DESIGN.md's example: forward AD gives ``view`` its tangent through ``as_strided``."""
+    x = x.clone()
+    view = x[0]
+    x.copy_(y)
+    return view, x
+
+
+def push_jvp(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+    """The seed pushed through ``torch.func.jvp``: the function rows 1, 2 and 5 measure."""
+    return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
+
+
+def make_push_jvp() -> Callable[..., Any]:
+    """A new function object computing ``push_jvp``: no cache anywhere has seen it yet."""
+
+    def fresh_push_jvp(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+        return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
+
+    return fresh_push_jvp
+
+
+def make_jvp_loss() -> Callable[..., Any]:
+    """A new training function through forward AD: as_strided in forward and backward graphs."""
+
+    def fresh_jvp_loss(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        (view, base), (view_t, base_t) = push_jvp(x, y, yt)
+        return (view * view_t).sum() + (base * base_t).sum()
+
+    return fresh_jvp_loss
+
+
+def seed_args(shape: tuple[int, int] = (2, 6)) -> tuple[torch.Tensor, ...]:
+    """``x, y, yt`` for ``push_jvp``: the seed's shapes by default."""
+    return tuple(torch.randn(shape) for _ in range(3))
+
+
+def many_views(blocks: int) -> Callable[..., Any]:
+    """A ``push_jvp``-like function with ``blocks`` mutated bases, each with several live views.
+
+    Each block views a 4x4 base four ways (select, stepped slice, transpose, diagonal), then
+    overwrites the base in place with the dual input, so forward AD emits one ``as_strided``
+    per view: a graph whose size grows linearly with ``blocks`` and which exercises both
+    provenance and synthesis. Each block's views are consumed by one sum, as code consumes
+    views, rather than all returned: see BENCHMARKS.md for why that matters to the pass time.
+    """
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        outs: list[torch.Tensor] = []
+        for i in range(blocks):
+            base = x[i].clone()
+            views = [base[0], base[:, ::2], base.t(), base.diagonal()]
+            base.copy_(y[i])
+            outs.append(sum(v.sum() for v in views))
+        return outs
+
+    def generated(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+        return torch.func.jvp(functools.partial(body, x), (y,), (yt,))
+
+    return generated
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def median_seconds(calls: dict[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
+    """Median seconds of one call of each of ``calls`` over ``settings.repeats`` repeats.
+
+    The calls are compared against each other, so their repeats are interleaved: a burst of
+    load from elsewhere on the machine then hits all of them alike instead of one. Each repeat
+    runs a call enough times to last ``min_repeat_seconds``, so fast calls are not dominated by
+    timer resolution; the first call of each is a warm-up that also sizes that loop.
+    """
+    numbers = {}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        call()
+        elapsed = max(time.perf_counter() - start, 1e-7)
+        numbers[name] = max(1, int(settings.min_repeat_seconds / elapsed))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(settings.repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(numbers[name]):
+                call()
+            samples[name].append((time.perf_counter() - start) / numbers[name])
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def first_call_seconds(
+    make_fn: Callable[[], Callable[..., Any]],
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+    args: Sequence[Any],
+    repeats: int,
+    backward: bool = False,
+) -> float:
+    """Median seconds of the first call of ``wrap(make_fn())``, after one warm-up.
+
+    Dynamo is reset and compile caches are off around every call, so each one compiles (or
+    traces) from scratch, as a fresh function in a warm process does. ``backward=True`` also
+    runs the backward of the output, which compiles the backward graph.
+    """
+
+    def once() -> float:
+        torch._dynamo.reset()
+        fn = wrap(make_fn())
+        start = time.perf_counter()
+        with torch.compiler.config.patch(force_disable_caches=True):
+            out = fn(*args)
+            if backward:
+                out.backward()
+        return time.perf_counter() - start
+
+    try:
+        once()  # imports, lazy initialisation and Dynamo's own first-time costs
+        return statistics.median(once() for _ in range(repeats))
+    finally:
+        torch._dynamo.reset()
+
+
+def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
+    """``(measure(), "")``, or ``(None, "n/a (error: ...)")`` when the path measured fails here.
+
+    A benchmark reports; it does not test. A path that raises (a backend bug, a missing
+    feature of this torch) becomes an ``n/a`` cell with the reason, and the other rows run.
+    """
+    try:
+        return measure(), ""
+    except Exception as err:  # noqa: BLE001 - any failure of the measured path is reported
+        text = str(err).strip().splitlines()
+        return None, f"n/a (error: {type(err).__name__}: {text[0] if text else ''}"[:118] + ")"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A time with a unit a reader compares at a glance (differences may be negative)."""
+    if seconds is None:
+        return "n/a"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.3g}x"
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def rewritten(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` rewritten and stripped of dead nodes: what ``transform`` runs."""
+    out = fxviews.rewrite(gm).graph_module
+    out.graph.eliminate_dead_code()
+    out.recompile()
+    return out
+
+
+def transform_or_reason() -> tuple[Callable[..., Any] | None, str]:
+    """``fxviews.transform`` if this install has it, else why not (for ``n/a`` cells)."""
+    transform = getattr(fxviews, "transform", None)
+    return (transform, "") if transform is not None else (None, "n/a (fxviews.transform missing)")
+
+
+# --- rows -------------------------------------------------------------------------------------
+
+
+def bench_vmap(settings: Settings) -> Table:
+    """Row 1: ways to evaluate ``push_jvp`` on a batch of B samples (batch dim 0, stacked)."""
+    graph = rewritten(fxviews.trace(push_jvp, *seed_args()))
+    transform, why = transform_or_reason()
+    table = []
+    for batch in settings.batch_sizes:
+        samples = [seed_args() for _ in range(batch)]
+        batched = tuple(torch.stack(column) for column in zip(*samples))
+        # Every vmap is built once, outside the timer: the rows compare running, not wrapping.
+        calls = {
+            "loop": lambda: [push_jvp(*s) for s in samples],
+            "eager_vmap": functools.partial(torch.func.vmap(push_jvp), *batched),
+            "graph_vmap": functools.partial(torch.func.vmap(graph), *batched),
+        }
+        if transform is not None:
+            calls["transform_vmap"] = functools.partial(
+                torch.func.vmap(transform(push_jvp)), *batched
+            )
+        times: dict[str, float | None] = {"transform_vmap": None}
+        times.update(median_seconds(calls, settings))
+        table.append(
+            {
+                "B": batch,
+                **{f"{k}_s": times[k] for k in ("loop", "eager_vmap", "graph_vmap",
+                                                "transform_vmap")},
+                "loop/graph": ratio(times["loop"], times["graph_vmap"]),
+                "eager_vmap/graph": ratio(times["eager_vmap"], times["graph_vmap"]),
+                "transform/graph": ratio(times["transform_vmap"], times["graph_vmap"]),
+                "note": why,
+            }
+        )
+    return table
+
+
+def bench_graph(settings: Settings) -> Table:
+    """Row 2: rewritten vs original graph, called directly on the same contiguous inputs."""
+    table = []
+    for shape in ((2, 6), (256, 4096)):
+        args = seed_args(shape)
+        original = fxviews.trace(push_jvp, *args)
+        graph = rewritten(original)
+        times = median_seconds(
+            {"original": lambda: original(*args), "rewritten": lambda: graph(*args)}, settings
+        )
+        t_original, t_rewritten = times["original"], times["rewritten"]
+        table.append(
+            {
+                "shape": "x".join(map(str, shape)),
+                "nodes_original": len(original.graph.nodes),
+                "nodes_rewritten": len(graph.graph.nodes),
+                "original_s": t_original,
+                "rewritten_s": t_rewritten,
+                "rewritten/original": ratio(t_rewritten, t_original),
+            }
+        )
+    return table
+
+
+def bench_first_call(settings: Settings) -> Table:
+    """Row 3: cost of the first call (trace/compile + one run) on a fresh function."""
+    args = seed_args()
+    transform, why = transform_or_reason()
+    paths: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]] | None] = {
+        "fxviews.transform": transform,
+        "torch.compile aot_eager": lambda fn: torch.compile(fn, backend="aot_eager"),
+        "torch.compile default (inductor)": (
+            torch.compile if settings.default_backend else None
+        ),
+    }
+    skipped = {
+        "fxviews.transform": why,
+        "torch.compile default (inductor)": "n/a (skipped in --quick)",
+    }
+    results = {}
+    for path, wrap in paths.items():
+        if wrap is None:
+            results[path] = (None, skipped[path])
+        else:
+            results[path] = measured(
+                lambda w=wrap: first_call_seconds(make_push_jvp, w, args, settings.compile_repeats)
+            )
+    t_transform = results["fxviews.transform"][0]
+    return [
+        {"path": path, "first_call_s": seconds, "vs_transform": ratio(seconds, t_transform),
+         "note": note}
+        for path, (seconds, note) in results.items()
+    ]
+
+
+def bench_pass_cost(settings: Settings) -> Table:
+    """Row 4: the engine's time per node and as a fraction of the make_fx trace it follows."""
+
+    def args_for(blocks: int) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(blocks, 4, 4) for _ in range(3))
+
+    # Calibrate blocks-per-node on a small graph: the node count is linear in the blocks.
+    probe = fxviews.trace(many_views(8), *args_for(8))
+    nodes_per_block = len(probe.graph.nodes) / 8
+    table = []
+    for target in settings.graph_nodes:
+        blocks = max(1, round(target / nodes_per_block))
+        fn, args = many_views(blocks), args_for(blocks)
+        start = time.perf_counter()
+        gm = fxviews.trace(fn, *args)
+        t_trace = time.perf_counter() - start
+        # The pass mutates its input: time it on copies made outside the timer. Graphs of 10k
+        # nodes and more take seconds per pass, long enough to time once (and keep --quick quick).
+        repeats = settings.repeats if target < 10_000 else 1
+        samples = []
+        for _ in range(repeats):
+            work = copy.deepcopy(gm)
+            engine = AsStridedToViews()
+            start = time.perf_counter()
+            engine(work)
+            eliminate_dead_metadata_checks(work)
+            samples.append(time.perf_counter() - start)
+        records = engine.records  # the same in every repeat: the pass is deterministic
+        t_pass = statistics.median(samples)
+        nodes = len(gm.graph.nodes)
+        table.append(
+            {
+                "nodes": nodes,
+                "as_strided": len(records),
+                "rewritten": sum(r.method != "kept" for r in records),
+                "trace_s": t_trace,
+                "pass_s": t_pass,
+                "pass_us_per_node": t_pass / nodes * 1e6,
+                "pass/trace": ratio(t_pass, t_trace),
+            }
+        )
+    return table
+
+
+def bench_overhead(settings: Settings) -> Table:
+    """Row 5: what the transform's cache lookup and argument plumbing add to each call."""
+    transform, why = transform_or_reason()
+    if transform is None:
+        return [{"tf_s": None, "graph_s": None, "overhead_s": None, "tf/graph": None,
+                 "note": why}]
+    args = seed_args()
+    tf = transform(push_jvp)
+    tf(*args)  # fills the cache: what follows is the steady state
+    graph = rewritten(fxviews.trace(push_jvp, *args))
+    times = median_seconds({"tf": lambda: tf(*args), "graph": lambda: graph(*args)}, settings)
+    t_tf, t_graph = times["tf"], times["graph"]
+    return [{"tf_s": t_tf, "graph_s": t_graph, "overhead_s": t_tf - t_graph,
+             "tf/graph": ratio(t_tf, t_graph), "note": ""}]
+
+
+def bench_compile(settings: Settings) -> Table:
+    """Row 6: first-call time of backend="fxviews" vs aot_eager, forward only and trained."""
+    if getattr(fxviews, "backend", None) is None:
+        return [{"function": "all", "aot_eager_s": None, "fxviews_s": None,
+                 "fxviews/aot_eager": None, "note": "n/a (fxviews.backend missing)"}]
+    table = []
+    cases = (("push_jvp (forward)", make_push_jvp, False),
+             ("jvp_loss (+backward)", make_jvp_loss, True))
+    for name, make_fn, train in cases:
+        args = tuple(t.requires_grad_(train) for t in seed_args())
+        times, notes = {}, []
+        for backend in ("aot_eager", "fxviews"):
+            times[backend], note = measured(
+                lambda b=backend: first_call_seconds(
+                    make_fn, lambda fn: torch.compile(fn, backend=b), args,
+                    settings.compile_repeats, backward=train,
+                )
+            )
+            notes += [f"{backend}: {note}"] if note else []
+        table.append({"function": name, "aot_eager_s": times["aot_eager"],
+                      "fxviews_s": times["fxviews"],
+                      "fxviews/aot_eager": ratio(times["fxviews"], times["aot_eager"]),
+                      "note": "; ".join(notes)})
+    return table
+
+
+BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
+    "vmap": ("1. vmap of push_jvp: loop / eager vmap / transform vs the rewritten graph",
+             bench_vmap),
+    "graph": ("2. rewritten vs original graph, contiguous inputs, no vmap", bench_graph),
+    "first_call": ("3. first call on a fresh function (trace or compile + one run)",
+                   bench_first_call),
+    "pass_cost": ("4. engine cost vs graph size", bench_pass_cost),
+    "overhead": ("5. steady-state overhead of a cached transform call", bench_overhead),
+    "compile": ("6. compile time: backend='fxviews' vs aot_eager", bench_compile),
+}
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the bench options to ``parser`` (a subparser of ``python -m fxviews``)."""
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer repeats, no 100k-node graph, no Inductor: under a minute")
+    parser.add_argument("--json", metavar="PATH", help="also write every table to PATH as JSON")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: timings independent of load)")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help=f"comma-separated subset of {','.join(ROWS)} (default: all)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmarks ``args`` select, print their tables, write JSON if asked; exit code."""
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or not rows:
+        print(f"fxviews bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
+        return 2
+    settings = QUICK if args.quick else FULL
+    # Called in-process (tests, notebooks), the thread count must not leak out of the bench.
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        run_rows(rows, settings, args.json)
+    finally:
+        torch.set_num_threads(threads_before)
+    return 0
+
+
+def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> dict[str, Table]:
+    """Run and print ``rows`` with the current torch settings; write them to ``json_path``."""
+    meta = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} cpus",
+        "threads": torch.get_num_threads(),
+        "quick": settings is QUICK,
+        "date": datetime.date.today().isoformat(),
+    }
+    print("fxviews bench  " + "  ".join(f"{k}={v}" for k, v in meta.items()))
+    tables: dict[str, Table] = {}
+    for row in rows:
+        title, bench = BENCHES[row]
+        start = time.perf_counter()
+        tables[row] = bench(settings)
+        print(f"\n{title}  [{time.perf_counter() - start:.1f} s]", flush=True)
+        print(render(tables[row]), flush=True)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as out:
+            json.dump({"meta": meta, "rows": tables}, out, indent=2)
+    return tables
+
+
+def render(table: Table) -> str:
+    """A tabulate table: ``*_s`` columns as times, ratio columns (``a/b``) as ``Nx``."""
+
+    def cell(key: str, value: Any) -> Any:
+        if key.endswith("_s"):
+            return fmt_seconds(value)
+        if "/" in key or key.startswith("vs_"):
+            return fmt_ratio(value)
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return value
+
+    # Columns with nothing to say in any line (an empty note) are left out of the printout.
+    keys = [k for k in table[0] if any(line[k] not in ("", None) for line in table)]
+    return tabulate([[cell(k, line[k]) for k in keys] for line in table], headers=keys)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fxviews.bench [options]``: the bench command on its own."""
+    parser = argparse.ArgumentParser(prog="fxviews bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
