@@ -7,6 +7,7 @@ from .geometry import Geometry
 from .records import Record, METHODS
 from .as_strided_to_views import AsStridedToViews
 from .hygiene import eliminate_dead_metadata_checks
+from .view_to_reshape import ViewToReshape
 
 __all__ = [
     "AsStridedToViews",
@@ -15,5 +16,6 @@ __all__ = [
     "METHODS",
     "Record",
     "UnsafeAsStridedError",
+    "ViewToReshape",
     "eliminate_dead_metadata_checks",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: How a node was handled. "kept" means the as_strided node is still in the graph.
-METHODS = ("provenance", "synthesized", "identity", "scatter", "kept")
+METHODS = ("provenance", "synthesized", "identity", "scatter", "reshape", "kept")
 
 
 @dataclass(frozen=True)
