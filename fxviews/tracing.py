@@ -1,11 +1,23 @@
-"""``fxviews.trace``: capture a function as an aten-level GraphModule with make_fx."""
+"""``fxviews.trace``: capture a function as an aten-level GraphModule with make_fx.
+
+Both :func:`trace` and ``transform`` trace in make_fx's fake mode. Real-mode make_fx snapshots
+every value on its own, which loses storage offsets (``x[1:]`` is recorded at offset 0); the
+engine reads each as_strided relative to its input's recorded layout, offset included, so it
+needs the fake-mode record. Fake tracing also turns Python branches on tensor values into an
+error instead of one branch silently baked into the graph.
+"""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from fxviews.passes import FxViewsError
 
@@ -15,12 +27,14 @@ def trace(
     *args: Any,
     view_replay: bool = False,
 ) -> torch.fx.GraphModule:
-    """Trace ``fn(*args)`` into an aten-level ``torch.fx.GraphModule`` (``make_fx``, real tensors).
+    """Trace ``fn(*args)`` into an aten-level ``torch.fx.GraphModule`` with make_fx.
 
-    Every node carries ``meta["val"]``, so :func:`fxviews.rewrite` can read the layout each
-    tensor had while tracing. ``view_replay=True`` traces under
-    ``torch.autograd._force_original_view_tracking(True)``, PyTorch's own view replay, which
-    makes autograd replay the original view ops instead of emitting ``as_strided``.
+    ``args`` are example tensors (real or fake); every node records ``meta["val"]`` with the
+    exact layout it had, so :func:`fxviews.rewrite` can read each as_strided relative to its
+    input. ``view_replay=True`` traces under PyTorch's own view replay
+    (``torch.autograd._force_original_view_tracking(True)``), which makes autograd replay the
+    original view ops instead of emitting ``as_strided``. Python control flow that depends on
+    tensor values cannot be traced and raises :class:`fxviews.FxViewsError`.
 
     Example::
 
@@ -35,19 +49,48 @@ def trace(
         if view_replay
         else contextlib.nullcontext()
     )
+    with replay:
+        return make_graph(fn, args, caller="fxviews.trace", name=function_name(fn))
+
+
+def make_graph(
+    fn: Callable[..., Any], args: Sequence[Any], *, caller: str, name: str
+) -> torch.fx.GraphModule:
+    """make_fx ``fn`` in fake mode, turning tracing limits into :class:`FxViewsError`.
+
+    ``caller`` and ``name`` say who traced what, for the error message.
+    """
     try:
-        with replay:
-            return make_fx(fn, tracing_mode="real")(*args)
-    except (torch.fx.proxy.TraceError, torch._dynamo.exc.UserError) as err:  # pragma: no cover
-        raise FxViewsError(f"could not trace {_name(fn)}: {err}") from err
+        return make_fx(fn, tracing_mode="fake")(*args)
+    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+        raise FxViewsError(
+            f"{caller} could not trace {name}: its Python control flow depends on tensor "
+            f"values (e.g. `if x.sum() > 0:`), which one graph cannot capture. Use torch.where "
+            f"or torch.cond instead. ({_first_line(err)})"
+        ) from err
+    except DynamicOutputShapeException as err:
+        raise FxViewsError(
+            f"{caller} could not trace {name}: an operator's output shape depends on tensor "
+            f"values ({_first_line(err)})"
+        ) from err
     except RuntimeError as err:
-        if "data-dependent" in str(err) or "Data dependent" in str(err):
+        if "escaped from inside a function being" in str(err):
             raise FxViewsError(
-                f"could not trace {_name(fn)}: its Python control flow depends on tensor "
-                f"values, which a graph cannot capture ({err})"
+                f"{caller} could not trace {name}: it uses a tensor wrapped by an enclosing "
+                f"torch.func transform that is not one of its arguments (captured by a "
+                f"closure?). Pass that tensor as an argument."
             ) from err
         raise
 
 
-def _name(fn: Callable[..., Any]) -> str:
+def function_name(fn: Callable[..., Any]) -> str:
+    """A readable name for ``fn`` (functools.partial included) in messages."""
+    func = getattr(fn, "func", None)
+    if func is not None and hasattr(fn, "args"):
+        return f"partial({function_name(func)})"
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -17,19 +17,14 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 import torch
 import torch.utils._pytree as pytree
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-)
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fxviews.passes import FxViewsError
 from fxviews.printouts import report_rewrite
 from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
-from fxviews.tracing import trace
+from fxviews.tracing import function_name, make_graph, trace
 
 __all__ = ["CacheInfo", "explain", "transform"]
 
@@ -229,7 +224,7 @@ class _GraphCache:
             result = rewrite_in_place(gm, strict=self.strict)
             result.graph_module.graph.eliminate_dead_code()
             result.graph_module.recompile()
-        report_rewrite(result, source=f"transform({_name(self.fn)})")
+        report_rewrite(result, source=f"transform({function_name(self.fn)})")
         return _Entry(
             graph_module=result.graph_module,
             input_positions=positions,
@@ -282,31 +277,10 @@ def _trace_fresh(
     masks trace as data-dependent values, as they run in eager mode. Call it inside
     :func:`_outside_transforms`.
     """
-    name = _name(fn)
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     with mode:
         fresh = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
-    try:
-        return make_fx(flat_fn, tracing_mode="fake")(*fresh)
-    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-        raise FxViewsError(
-            f"fxviews.transform could not trace {name}: its Python control flow depends on "
-            f"tensor values (e.g. `if x.sum() > 0:`), which one cached graph cannot capture. "
-            f"Use torch.where or torch.cond instead. ({_first_line(err)})"
-        ) from err
-    except DynamicOutputShapeException as err:
-        raise FxViewsError(
-            f"fxviews.transform could not trace {name}: an operator's output shape depends "
-            f"on tensor values ({_first_line(err)})"
-        ) from err
-    except RuntimeError as err:
-        if "escaped from inside a function being" in str(err):
-            raise FxViewsError(
-                f"fxviews.transform could not trace {name}: it uses a tensor wrapped by an "
-                f"enclosing torch.func transform that is not one of its arguments (captured "
-                f"by a closure?). Pass that tensor as an argument."
-            ) from err
-        raise
+    return make_graph(flat_fn, fresh, caller="fxviews.transform", name=function_name(fn))
 
 
 def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
@@ -327,9 +301,9 @@ def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
         if isinstance(obj, torch.Tensor):
             if torch._C._functorch.is_functorch_wrapped_tensor(obj):
                 raise FxViewsError(
-                    f"fxviews.transform cannot trace {_name(fn)}: it closes over a tensor "
-                    f"wrapped by an enclosing torch.func transform, whose derivative or batch "
-                    f"dim the cached graph would lose. Pass that tensor as an argument."
+                    f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "
+                    f"tensor wrapped by an enclosing torch.func transform, whose derivative or "
+                    f"batch dim the cached graph would lose. Pass that tensor as an argument."
                 )
         elif isinstance(obj, functools.partial):
             pending += [obj.func, *obj.args, *obj.keywords.values()]
@@ -344,14 +318,3 @@ def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
                     pending.append(cell.cell_contents)
             pending += getattr(code_fn, "__defaults__", None) or ()
             pending += (getattr(code_fn, "__kwdefaults__", None) or {}).values()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    if isinstance(fn, functools.partial):
-        return f"partial({_name(fn.func)})"
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

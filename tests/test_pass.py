@@ -104,6 +104,19 @@ def test_unsafe_as_strided_is_kept_with_a_witness_and_strict_raises() -> None:
     assert len(as_strided_nodes(gm)) == 1  # still untouched
 
 
+def test_trace_records_storage_offsets_of_views_and_inputs() -> None:
+    # x[1:] starts at offset 1: reading offset 0 from it is unsafe, not an identity.
+    x = torch.arange(4.0)
+    gm = fxviews.trace(lambda x: x[1:].as_strided((3,), (1,), 0) * 1, x)
+    [record] = fxviews.rewrite(gm).records
+    assert record.method == "kept" and "address 0" in record.reason
+    # An input that is itself an offset view: its offset is part of the traced layout.
+    big = torch.arange(10.0)[2:8]
+    res = fxviews.rewrite(fxviews.trace(lambda x: torch.as_strided(x, (2,), (2,), 3), big))
+    assert [r.method for r in res.records] == ["synthesized"]
+    torch.testing.assert_close(res.graph_module(big), torch.as_strided(big, (2,), (2,), 3))
+
+
 def test_safe_but_viewless_target_is_kept_with_reason() -> None:
     gm = fxviews.trace(lambda x: torch.as_strided(x, (2,), (3,), 1), torch.randn(4, 4)[:2, :2])
     [record] = fxviews.rewrite(gm).records
