@@ -57,7 +57,10 @@ def rewrite(
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"fxviews.rewrite expects a torch.fx.GraphModule, got {type(gm).__name__}")
     start = time.perf_counter()
-    result = rewrite_in_place(copy.deepcopy(gm), strict=strict, example_inputs=example_inputs)
+    # A new module over a copy of the graph: the caller's graph stays as it was, while
+    # parameters, buffers and tensor constants stay shared (gradients still reach them).
+    own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    result = rewrite_in_place(own, strict=strict, example_inputs=example_inputs)
     result.seconds = time.perf_counter() - start
     return result
 

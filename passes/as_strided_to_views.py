@@ -37,6 +37,7 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address
@@ -45,10 +46,10 @@ from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
 from .synthesis import synthesize
 from .view_chain import (
-    AS_STRIDED_OPS,
     GraphEmitter,
     ViewChain,
     apply_chain,
+    as_strided_op,
     bind_as_strided,
     describe_chain,
     eager,
@@ -80,13 +81,14 @@ class _Call:
     """An as_strided-family node, its parsed arguments and geometries."""
 
     node: torch.fx.Node
+    op: torch._ops.OpOverload  # the aten op, however the node spells it
     source: torch.fx.Node
     src: torch.fx.Node | None  # the values scattered, for as_strided_scatter
     source_geometry: Geometry
     target: Geometry
 
     def describe(self) -> str:
-        name = self.node.target.__name__.split(".")[0]
+        name = self.op.__name__.split(".")[0]
         src = f", {self.src.name}" if self.src is not None else ""
         t = self.target
         return f"{name}({self.source.name}{src}, {list(t.sizes)}, {list(t.strides)}, {t.offset})"
@@ -116,6 +118,14 @@ class AsStridedToViews(PassBase):
         nodes = [n for n in graph_module.graph.nodes if _is_as_strided(n)]
         if not nodes:
             return PassResult(graph_module, False)
+        # Verification runs ops on meta tensors: a tracer or transform active around the pass
+        # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
+        with _disable_current_modes():
+            return self._rewrite_all(graph_module, nodes)
+
+    def _rewrite_all(
+        self, graph_module: torch.fx.GraphModule, nodes: list[torch.fx.Node]
+    ) -> PassResult:
         _ensure_metadata(graph_module, nodes, self.example_inputs)
         index = ViewIndex(graph_module.graph)
         # Replacements in the output node wait until the end: rewriting its (possibly
@@ -147,7 +157,7 @@ class AsStridedToViews(PassBase):
         call, problem = _parse(node)
         if call is None:
             return Record(node.name, node.format_node(), "", "kept", problem)
-        if node.target is aten.as_strided_.default:
+        if call.op is aten.as_strided_.default:
             return _kept(call, "as_strided_ restrides its input in place; the graph does not "
                          "record the layout the input had before it")
         mutation = next((u for u in call.source.users if u.target in _METADATA_MUTATIONS), None)
@@ -179,7 +189,7 @@ _REASONS = {
 
 
 def _is_as_strided(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in AS_STRIDED_OPS
+    return as_strided_op(node) is not None
 
 
 def _kept(call: _Call, reason: str) -> Record:
@@ -201,10 +211,13 @@ def _ensure_metadata(
     if node is None:
         return
     if example_inputs is not None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
         try:
-            FakeTensorProp(gm).propagate(*example_inputs)
+            # Parameters and constants of the module stay real: the mode must accept them.
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
         except Exception as err:  # any failure here means the inputs do not fit the graph
             raise FxViewsError(
                 f"could not compute tensor metadata for the graph from example_inputs: {err}"
@@ -236,7 +249,7 @@ def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
     if not all(type(v) is int for v in values):
         return None, "symbolic sizes, strides or offset"
     target = Geometry(tuple(sizes), tuple(strides), offset)
-    return _Call(node, source, src, source_geometry, target), ""
+    return _Call(node, as_strided_op(node), source, src, source_geometry, target), ""
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
@@ -262,7 +275,7 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
     All checks come first; if computing the new nodes' metadata still fails, the nodes made so
     far are erased, so a failed attempt never leaves the graph half-edited.
     """
-    op = call.node.target
+    op = call.op
     described = describe_chain(chain, call.source.name) if chain else f"alias({call.source.name})"
     if op is aten.as_strided_scatter.default:
         if not has_scatter_form(chain) or not _scatter_matches(call, chain):
@@ -284,7 +297,7 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
 
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
-    op = call.node.target
+    op = call.op
     if op is aten.as_strided_scatter.default:
         out = build_scatter(emitter, call.source, call.src, chain)
         # When the region is all of self the chain is empty: still return a fresh tensor.
@@ -339,7 +352,7 @@ def _target_args(target: Geometry) -> tuple[list[int], list[int], int]:
 
 
 def _why_kept(call: _Call) -> str:
-    if call.node.target is aten.as_strided_scatter.default:
+    if call.op is aten.as_strided_scatter.default:
         chain = synthesize(call.source_geometry, call.target)
         if chain is not None:
             ops = sorted({step.name() for step in chain})

@@ -29,7 +29,7 @@ import torch
 import torch.fx
 
 from .geometry import Geometry
-from .view_chain import AS_STRIDED_OPS, Evaluator, ViewChain, ViewStep, bind_as_strided
+from .view_chain import Evaluator, ViewChain, ViewStep, as_strided_op, bind_as_strided
 
 aten = torch.ops.aten
 
@@ -48,7 +48,7 @@ def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Ge
         return []
     found = []
     for user in buffer.users:
-        if user.target not in AS_STRIDED_OPS:
+        if as_strided_op(user) is None:
             continue
         args = bind_as_strided(user)
         sizes, strides, offset = args["size"], args["stride"], args["storage_offset"]

@@ -27,15 +27,42 @@ AS_STRIDED_OPS = (
 )
 
 
+# Torch-level spellings (symbolic_trace graphs) of the same ops: functions and method names.
+_TORCH_LEVEL_AS_STRIDED = {
+    torch.as_strided: aten.as_strided.default,
+    torch.as_strided_copy: aten.as_strided_copy.default,
+    torch.as_strided_scatter: aten.as_strided_scatter.default,
+    "as_strided": aten.as_strided.default,
+    "as_strided_": aten.as_strided_.default,
+    "as_strided_scatter": aten.as_strided_scatter.default,
+}
+
+
+def as_strided_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
+    """The aten as_strided-family op ``node`` calls, however it is spelled, or None."""
+    if node.op == "call_function" and node.target in AS_STRIDED_OPS:
+        return node.target
+    if node.op in ("call_function", "call_method"):
+        try:
+            return _TORCH_LEVEL_AS_STRIDED.get(node.target)
+        except TypeError:  # an unhashable target
+            return None
+    return None
+
+
 def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     """An as_strided-family node's arguments by their aten schema names.
 
     Keys: ``self``, ``size``, ``stride``, ``storage_offset`` (None when omitted) and, for
-    ``as_strided_scatter``, ``src``.
+    ``as_strided_scatter``, ``src``. Torch-level spellings name ``self`` ``input``.
     """
+    op = as_strided_op(node)
+    assert op is not None, f"{node.name} is not an as_strided node"
     bound: dict[str, Any] = {"storage_offset": None}
-    bound.update(zip((a.name for a in node.target._schema.arguments), node.args))
+    bound.update(zip((a.name for a in op._schema.arguments), node.args))
     bound.update(node.kwargs)
+    if "input" in bound:
+        bound["self"] = bound.pop("input")
     return bound
 
 

@@ -211,6 +211,40 @@ def test_symbolic_shapes_are_kept_with_reason() -> None:
     torch.testing.assert_close(res.graph_module(x), f(x))
 
 
+def test_symbolic_trace_module_with_parameter_and_torch_level_as_strided() -> None:
+    class Diagonal(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return torch.as_strided(self.w * x, (3,), (4,), 0) + (x * 2).as_strided((3,), (1,), 3)
+
+    gm = torch.fx.symbolic_trace(Diagonal())
+    res = fxviews.rewrite(gm, example_inputs=[torch.randn(3, 3)])
+    assert [r.method for r in res.records] == ["synthesized", "synthesized"]
+    assert res.graph_module.w is gm.w  # shared, so gradients reach the caller's parameter
+    x = torch.randn(3, 3).t()
+    out = res.graph_module(x)
+    torch.testing.assert_close(out, (gm.w * x).diagonal() + (x * 2)[1])
+    out.sum().backward()
+    assert gm.w.grad is not None
+
+
+def test_rewrite_inside_another_trace_records_nothing_of_its_own() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inner = fxviews.trace(push_jvp, *seed_args())
+
+    def outer(x, y, yt):
+        return fxviews.rewrite(inner).graph_module(x, y, yt)
+
+    outer_gm = make_fx(outer)(*seed_args())
+    targets = {n.target for n in outer_gm.graph.nodes if n.op == "call_function"}
+    assert aten.as_strided.default not in targets and aten.empty.memory_format not in targets
+    assert not [n for n in outer_gm.graph.nodes if n.op == "get_attr"]
+
+
 def test_rewrite_rejects_non_graph_modules() -> None:
     with pytest.raises(TypeError, match="GraphModule"):
         fxviews.rewrite(lambda x: x)
