@@ -72,8 +72,9 @@ def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bo
         >>> print(format_result(fxviews.explain(push_jvp, x, y, yt), width=80))
     """
     parts = []
-    if result.records:
-        parts.append(format_table(result.records, width=width))
+    records = [*result.records, *result.view_records]
+    if records:
+        parts.append(format_table(records, width=width))
     parts.append(format_summary(result))
     if diff:
         parts.append(format_diff(result.code_before, result.code_after, width=width))
@@ -114,13 +115,14 @@ def format_summary(result: RewriteResult) -> str:
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
-    if not result.records:
+    records = [*result.records, *result.view_records]
+    if not records:
         changed = "graph cleaned up" if result.modified else "graph unchanged"
         return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
     # Records are per node of the kinds the engine rewrites (as_strided, view, ...); `before`
     # starts with the node's op.
     by_kind: dict[str, Counter[str]] = {}
-    for record in result.records:
+    for record in records:
         kind = record.before.split("(", 1)[0] or "node"
         by_kind.setdefault(kind, Counter())[record.method] += 1
     parts = []
@@ -186,14 +188,14 @@ def report_rewrite(
 
         >>> report_rewrite(fxviews.rewrite(gm), source="my_compiler")
     """
-    for record in result.records:
+    for record in [*result.records, *result.view_records]:
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
             source, record.node, record.before, record.after, record.method, record.reason,
         )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s: %s", source, format_summary(result))
-    if debug_enabled() and (result.records or result.modified):
+    if debug_enabled() and (result.records or result.view_records or result.modified):
         stream = sys.stderr if stream is None else stream
         print(f"=== fxviews rewrite: {source} ===\n{format_result(result)}\n", file=stream)
 

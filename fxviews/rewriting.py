@@ -8,7 +8,12 @@ from typing import Any, Sequence
 
 import torch
 
-from fxviews.passes import AsStridedToViews, Record, eliminate_dead_metadata_checks
+from fxviews.passes import (
+    AsStridedToViews,
+    Record,
+    ViewToReshape,
+    eliminate_dead_metadata_checks,
+)
 
 
 @dataclass
@@ -16,7 +21,9 @@ class RewriteResult:
     """The outcome of :func:`rewrite`.
 
     ``graph_module`` is a new GraphModule (the input is never mutated); ``records`` holds one
-    :class:`~fxviews.passes.Record` per as_strided node seen; ``modified`` says whether the
+    :class:`~fxviews.passes.Record` per as_strided node seen; ``view_records`` one per
+    layout-bound view (``view``, ``_unsafe_view``, ``_reshape_alias``, ``view_as_complex``)
+    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``modified`` says whether the
     graph changed. ``print(result)`` shows the graph-diff printout.
     """
 
@@ -25,7 +32,7 @@ class RewriteResult:
     modified: bool
     code_before: str
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    view_records: list[Record] = field(default_factory=list)
 
     @property
     def code_after(self) -> str:
@@ -41,11 +48,14 @@ def rewrite(
     gm: torch.fx.GraphModule,
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
+    reshape_views: bool = True,
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
-    ``strict=True`` raises :class:`fxviews.UnsafeAsStridedError` for the first node that has to
-    be kept. A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
+    ``strict=True`` raises :class:`fxviews.UnsafeAsStridedError` for the first as_strided node
+    that has to be kept. With ``reshape_views`` (the default), a second recorded step turns
+    ``view`` into ``reshape`` wherever no aliasing through it is observable
+    (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts. A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
 
     Example::
@@ -60,7 +70,9 @@ def rewrite(
     # A new module over a copy of the graph: the caller's graph stays as it was, while
     # parameters, buffers and tensor constants stay shared (gradients still reach them).
     own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
-    result = rewrite_in_place(own, strict=strict, example_inputs=example_inputs)
+    result = rewrite_in_place(
+        own, strict=strict, example_inputs=example_inputs, reshape_views=reshape_views
+    )
     result.seconds = time.perf_counter() - start
     return result
 
@@ -69,6 +81,7 @@ def rewrite_in_place(
     gm: torch.fx.GraphModule,
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
+    reshape_views: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -78,6 +91,9 @@ def rewrite_in_place(
     code_before = gm.code
     engine = AsStridedToViews(strict=strict, example_inputs=example_inputs)
     modified = engine(gm).modified
+    reshaper = ViewToReshape()
+    if reshape_views:
+        modified = reshaper(gm).modified or modified
     modified = eliminate_dead_metadata_checks(gm) or modified
     return RewriteResult(
         graph_module=gm,
@@ -85,4 +101,5 @@ def rewrite_in_place(
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
+        view_records=list(reshaper.records),
     )

@@ -109,11 +109,10 @@ def _traced(case_name: str, inplace: str, transform: str) -> tuple[Any, ...]:
     case = next(c for c in VIEWS if c.name == case_name)
     fn, n_args = _with_transform(_function(case, inplace), transform)
     samples = make_samples([case.shape] * n_args, BATCH, seed=len(case_name) + n_args)
-    rewritten = fxviews.rewrite(fxviews.trace(fn, *samples[0])).graph_module
-    passed = fxviews.rewrite(fxviews.trace(fn, *samples[0])).graph_module
-    engine = ViewToReshape()
-    engine(passed)
-    return fn, samples, rewritten, passed, engine.records
+    traced = fxviews.trace(fn, *samples[0])
+    rewritten = fxviews.rewrite(traced, reshape_views=False).graph_module
+    passed = fxviews.rewrite(traced)  # the reshape step is on by default
+    return fn, samples, rewritten, passed.graph_module, passed.view_records
 
 
 CASES = [
