@@ -26,6 +26,7 @@ def trace(
     fn: Callable[..., Any],
     *args: Any,
     view_replay: bool = False,
+    functionalize: bool = False,
 ) -> torch.fx.GraphModule:
     """Trace ``fn(*args)`` into an aten-level ``torch.fx.GraphModule`` with make_fx.
 
@@ -33,8 +34,11 @@ def trace(
     exact layout it had, so :func:`fxviews.rewrite` can read each as_strided relative to its
     input. ``view_replay=True`` traces under PyTorch's own view replay
     (``torch.autograd._force_original_view_tracking(True)``), which makes autograd replay the
-    original view ops instead of emitting ``as_strided``. Python control flow that depends on
-    tensor values cannot be traced and raises :class:`fxviews.FxViewsError`.
+    original view ops instead of emitting ``as_strided``. ``functionalize=True`` traces
+    ``torch.func.functionalize(fn)``: no intermediate is mutated, so no view's aliasing is
+    observable and the reshape step can make every ``view`` layout-portable; mutations of the
+    inputs still happen, copied back at the end. Python control flow that depends on tensor
+    values cannot be traced and raises :class:`fxviews.FxViewsError`.
 
     Example::
 
@@ -49,8 +53,9 @@ def trace(
         if view_replay
         else contextlib.nullcontext()
     )
+    traced = torch.func.functionalize(fn) if functionalize else fn
     with replay:
-        return make_graph(fn, args, caller="fxviews.trace", name=function_name(fn))
+        return make_graph(traced, args, caller="fxviews.trace", name=function_name(fn))
 
 
 def make_graph(

@@ -47,7 +47,13 @@ class CacheInfo(NamedTuple):
     currsize: int
 
 
-def transform(fn: _F, *, strict: bool = False, cache_size: int = DEFAULT_CACHE_SIZE) -> _F:
+def transform(
+    fn: _F,
+    *,
+    strict: bool = False,
+    cache_size: int = DEFAULT_CACHE_SIZE,
+    functionalize: bool = False,
+) -> _F:
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
@@ -69,6 +75,12 @@ def transform(fn: _F, *, strict: bool = False, cache_size: int = DEFAULT_CACHE_S
         strict: raise :class:`fxviews.UnsafeAsStridedError` instead of keeping an as_strided
             node that cannot be proven expressible with view ops.
         cache_size: how many signatures to keep graphs for (at least 1).
+        functionalize: trace ``torch.func.functionalize(fn)``: mutations of intermediates
+            become out-of-place ops, so no aliasing inside the graph is observable and every
+            ``view`` can become a layout-portable ``reshape``. Mutations of ``fn``'s inputs
+            still happen (copied back at the end). Off by default: outputs then no longer
+            alias inputs, and forward AD (``jvp``, ``jacfwd``, ``hessian``) applied around
+            the result cannot differentiate the functional ``copy`` it introduces.
 
     Returns:
         A function with ``fn``'s signature (``functools.wraps``), plus ``cache_info()`` and
@@ -95,7 +107,7 @@ def transform(fn: _F, *, strict: bool = False, cache_size: int = DEFAULT_CACHE_S
         raise TypeError(f"fxviews.transform expects a callable, got {type(fn).__name__}")
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
-    cache = _GraphCache(fn, strict=strict, maxsize=cache_size)
+    cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
 
     @functools.wraps(fn)
     def transformed(*args: Any, **kwargs: Any) -> Any:
@@ -148,9 +160,12 @@ class _Entry:
 class _GraphCache:
     """A bounded LRU map from input signatures to traced, rewritten graphs of one function."""
 
-    def __init__(self, fn: Callable[..., Any], *, strict: bool, maxsize: int) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], *, strict: bool, maxsize: int, functionalize: bool
+    ) -> None:
         self.fn = fn
         self.strict = strict
+        self.functionalize = functionalize
         self.maxsize = maxsize
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
         self.hits = 0
@@ -220,7 +235,8 @@ class _GraphCache:
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
         # batched under) the transforms or tracers this call happens inside either.
         with _outside_transforms():
-            gm = _trace_fresh(flat_fn, [leaves[i] for i in positions], self.fn)
+            traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
+            gm = _trace_fresh(traced, [leaves[i] for i in positions], self.fn)
             result = rewrite_in_place(gm, strict=self.strict)
             result.graph_module.graph.eliminate_dead_code()
             result.graph_module.recompile()

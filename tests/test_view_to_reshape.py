@@ -337,3 +337,39 @@ def test_graph_without_views_is_untouched() -> None:
     engine = ViewToReshape()
     assert not engine(gm).modified
     assert engine.records == [] and gm.code == code
+
+
+def _mutate_after_view(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    flat = y.view(-1)  # merges both dims: a view only if they are adjacent in memory
+    y.mul_(2)  # written after the view is taken: aliasing through `flat` is observable
+    return flat * 3
+
+
+def test_functionalize_makes_aliasing_unobservable_so_views_become_reshape() -> None:
+    samples = [torch.randn(2, 3) for _ in range(3)]
+    batched = torch.stack(samples, dim=1)  # the batch dim sits between the merged dims
+    expected = torch.stack([_mutate_after_view(s) for s in samples])
+    plain = fxviews.rewrite(fxviews.trace(_mutate_after_view, samples[0]))
+    assert "kept" in {r.method for r in plain.view_records}
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        torch.func.vmap(plain.graph_module, in_dims=1)(batched)
+    functional = fxviews.rewrite(
+        fxviews.trace(_mutate_after_view, samples[0], functionalize=True)
+    )
+    assert {r.method for r in functional.view_records} == {"reshape"}
+    torch.testing.assert_close(torch.func.vmap(functional.graph_module, in_dims=1)(batched), expected)
+    transformed = fxviews.transform(_mutate_after_view, functionalize=True)
+    torch.testing.assert_close(torch.func.vmap(transformed, in_dims=1)(batched), expected)
+
+
+def test_functionalize_still_mutates_inputs() -> None:
+    def scale_in_place(x: torch.Tensor) -> torch.Tensor:
+        x.view(-1).mul_(2)
+        return x.sum()
+
+    x = torch.randn(2, 3)
+    expected_x, expected = x * 2, (x * 2).sum()
+    out = fxviews.transform(scale_in_place, functionalize=True)(x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected_x)
