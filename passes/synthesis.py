@@ -35,6 +35,7 @@ class _ChainBuilder:
 
     def __init__(self, source: Geometry, labels: list[Hashable]) -> None:
         self.value = source.meta_tensor()
+        self.before_last = self.value
         self.labels = labels
         self.steps: list[ViewStep] = []
 
@@ -43,6 +44,11 @@ class _ChainBuilder:
         return list(self.value.shape)
 
     def do(self, op: Any, *args: Any) -> None:
+        if op is aten.view.default and self.steps and self.steps[-1].op is op:
+            # view(view(x, a), b) is view(x, b): one view op, not two.
+            self.steps.pop()
+            self.value = self.before_last
+        self.before_last = self.value
         self.value = op(self.value, *args)
         self.steps.append(ViewStep(op, tuple(args)))
 

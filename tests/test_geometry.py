@@ -191,6 +191,8 @@ def test_synthesis_uses_the_view_ops_a_person_would_write() -> None:
         ((3, 4), (4, 1), 0, (4, 3), (1, 4), 0): "permute(x, [1, 0])",
         ((8,), (1,), 0, (3, 4), (2, 1), 0): "unfold(x, 0, 4, 2)",
         ((2, 3), (3, 1), 0, (2, 4, 3), (3, 0, 1), 0): "expand(unsqueeze(x, 1), [2, 4, 3])",
+        # A flatten followed by an unflatten is one view.
+        ((60,), (1,), 0, (3, 4, 3, 3), (20, 5, 1, 1), 0): "unfold(view(x, [3, 4, 5]), 2, 3, 1)",
     }
     for (s, t, o, s2, t2, o2), expected in cases.items():
         chain = synthesize(Geometry(s, t, o), Geometry(s2, t2, o2))
