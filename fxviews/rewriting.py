@@ -89,12 +89,15 @@ def rewrite_in_place(
     """
     start = time.perf_counter()
     code_before = gm.code
-    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs)
+    # Each step edits the graph; the module is recompiled once, after the last one.
+    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)
     modified = engine(gm).modified
-    reshaper = ViewToReshape()
+    reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
-    modified = eliminate_dead_metadata_checks(gm) or modified
+    modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
+    if modified:
+        gm.recompile()
     return RewriteResult(
         graph_module=gm,
         records=list(engine.records),

@@ -98,6 +98,7 @@ class AsStridedToViews(PassBase):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
 
     After a call, ``records`` holds one :class:`Record` per as_strided node seen.
+    ``recompile=False`` leaves ``graph_module.recompile()`` to the caller.
 
     Example::
 
@@ -107,10 +108,18 @@ class AsStridedToViews(PassBase):
         ['provenance']
     """
 
-    def __init__(self, strict: bool = False, example_inputs: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        strict: bool = False,
+        example_inputs: Sequence[Any] | None = None,
+        recompile: bool = True,
+    ) -> None:
         super().__init__()
         self.strict = strict
         self.example_inputs = example_inputs
+        # A caller running several passes may recompile once at the end (it is most of the
+        # cost of a pass on a large graph).
+        self.recompile = recompile
         self.records: list[Record] = []
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
@@ -141,7 +150,8 @@ class AsStridedToViews(PassBase):
         self._replace_in_output(graph_module.graph)
         if modified:
             graph_module.graph.lint()
-            graph_module.recompile()
+            if self.recompile:
+                graph_module.recompile()
         return PassResult(graph_module, modified)
 
     def _replace_in_output(self, graph: torch.fx.Graph) -> None:

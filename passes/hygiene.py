@@ -35,10 +35,11 @@ def _is_dead_check(node: torch.fx.Node) -> bool:
     return is_view_op(target)
 
 
-def eliminate_dead_metadata_checks(gm: torch.fx.GraphModule) -> bool:
+def eliminate_dead_metadata_checks(gm: torch.fx.GraphModule, recompile: bool = True) -> bool:
     """Erase dead metadata checks, dead views and dead meta copies from ``gm``, in place.
 
     Returns whether anything was erased. Nodes with side effects are never touched.
+    ``recompile=False`` leaves ``gm.recompile()`` to the caller.
 
     Example::
 
@@ -50,6 +51,6 @@ def eliminate_dead_metadata_checks(gm: torch.fx.GraphModule) -> bool:
         if _is_dead_check(node):
             gm.graph.erase_node(node)
             erased = True
-    if erased:
+    if erased and recompile:
         gm.recompile()
     return erased

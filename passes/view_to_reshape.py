@@ -214,9 +214,10 @@ class ViewToReshape(PassBase):
         'reshape(clone, [-1])'
     """
 
-    def __init__(self) -> None:
+    def __init__(self, recompile: bool = True) -> None:
         super().__init__()
         self.records: list[Record] = []
+        self.recompile = recompile  # False: the caller recompiles after its last pass
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
@@ -230,7 +231,8 @@ class ViewToReshape(PassBase):
         modified = any(r.method == "reshape" for r in self.records)
         if modified:
             graph.lint()
-            graph_module.recompile()
+            if self.recompile:
+                graph_module.recompile()
         return PassResult(graph_module, modified)
 
 
