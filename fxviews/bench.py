@@ -248,6 +248,8 @@ def bench_vmap(settings: Settings) -> Table:
             "loop": lambda: [push_jvp(*s) for s in samples],
             "eager_vmap": functools.partial(torch.func.vmap(push_jvp), *batched),
             "graph_vmap": functools.partial(torch.func.vmap(graph), *batched),
+            # vmap's own cost: a function that computes nothing and returns push_jvp's pytree.
+            "vmap_floor": functools.partial(torch.func.vmap(_returns_inputs), *batched),
         }
         if transform is not None:
             calls["transform_vmap"] = functools.partial(
@@ -259,14 +261,19 @@ def bench_vmap(settings: Settings) -> Table:
             {
                 "B": batch,
                 **{f"{k}_s": times[k] for k in ("loop", "eager_vmap", "graph_vmap",
-                                                "transform_vmap")},
+                                                "transform_vmap", "vmap_floor")},
                 "loop/graph": ratio(times["loop"], times["graph_vmap"]),
+                "loop/floor": ratio(times["loop"], times["vmap_floor"]),
                 "eager_vmap/graph": ratio(times["eager_vmap"], times["graph_vmap"]),
                 "transform/graph": ratio(times["transform_vmap"], times["graph_vmap"]),
                 "note": why,
             }
         )
     return table
+
+
+def _returns_inputs(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+    return (x, y), (yt, x)
 
 
 def bench_graph(settings: Settings) -> Table:

@@ -12,6 +12,7 @@ from fxviews.passes import (
     AsStridedToViews,
     Record,
     ViewToReshape,
+    drop_redundant_aliases,
     eliminate_dead_metadata_checks,
 )
 
@@ -96,6 +97,7 @@ def rewrite_in_place(
     if reshape_views:
         modified = reshaper(gm).modified or modified
     modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
+    modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
         gm.recompile()
     return RewriteResult(

@@ -147,7 +147,9 @@ class _Entry:
     keepalive: tuple[Any, ...]
 
     def run(self, tensors: Sequence[Any]) -> Any:
-        produced = self.graph_module(*tensors)
+        # The generated forward itself: a traced graph has no hooks, so nn.Module.__call__
+        # would only add overhead to every call.
+        produced = self.graph_module.forward(*tensors)
         if not self.out_constants:
             return pytree.tree_unflatten(produced, self.out_spec)
         produced_iter, constants = iter(produced), iter(self.out_constants)

@@ -6,7 +6,7 @@ from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
 from .records import Record, METHODS
 from .as_strided_to_views import AsStridedToViews
-from .hygiene import eliminate_dead_metadata_checks
+from .hygiene import drop_redundant_aliases, eliminate_dead_metadata_checks
 from .view_to_reshape import ViewToReshape
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "Record",
     "UnsafeAsStridedError",
     "ViewToReshape",
+    "drop_redundant_aliases",
     "eliminate_dead_metadata_checks",
 ]

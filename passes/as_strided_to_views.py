@@ -46,6 +46,7 @@ from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
 from .synthesis import synthesize
 from .view_chain import (
+    METADATA_MUTATIONS,
     GraphEmitter,
     ViewChain,
     apply_chain,
@@ -57,23 +58,6 @@ from .view_chain import (
 )
 
 aten = torch.ops.aten
-
-# In-place ops that change a tensor's sizes/strides: after one, the input's recorded layout is
-# not the layout it had at the as_strided.
-_METADATA_MUTATIONS = {
-    aten.as_strided_.default,
-    aten.t_.default,
-    aten.transpose_.default,
-    aten.squeeze_.default,
-    aten.squeeze_.dim,
-    aten.squeeze_.dims,
-    aten.unsqueeze_.default,
-    aten.swapdims_.default,
-    aten.swapaxes_.default,
-    aten.resize_.default,
-    aten.resize_as_.default,
-    aten.set_.source_Tensor,
-}
 
 
 @dataclass(frozen=True)
@@ -170,7 +154,7 @@ class AsStridedToViews(PassBase):
         if call.op is aten.as_strided_.default:
             return _kept(call, "as_strided_ restrides its input in place; the graph does not "
                          "record the layout the input had before it")
-        mutation = next((u for u in call.source.users if u.target in _METADATA_MUTATIONS), None)
+        mutation = next((u for u in call.source.users if u.target in METADATA_MUTATIONS), None)
         if mutation is not None:
             return _kept(call, f"the input's layout changes in place at {mutation.name!r}, so "
                          "its trace-time layout is ambiguous")

@@ -1,15 +1,16 @@
-"""Graph hygiene: drop the dead metadata checks torch.func tracing leaves behind.
+"""Graph hygiene: drop the dead metadata checks and redundant aliases torch.func leaves behind.
 
 make_fx records ``is_same_size``/``_has_same_storage_numel`` checks, ``alias`` nodes and
-``_to_copy`` calls to the meta device that nothing reads. They cost a dispatch each at run time
-(under vmap, a batching rule each), so a rewritten graph should not carry them.
+``_to_copy`` calls to the meta device that nothing reads, and ``alias`` nodes in front of values
+that nothing else holds. They cost a dispatch each at run time (under vmap, a batching rule
+each), so a rewritten graph should not carry them.
 """
 from __future__ import annotations
 
 import torch
 import torch.fx
 
-from .view_chain import is_view_op
+from .view_chain import METADATA_MUTATIONS, is_view_op
 
 aten = torch.ops.aten
 
@@ -54,3 +55,44 @@ def eliminate_dead_metadata_checks(gm: torch.fx.GraphModule, recompile: bool = T
     if erased and recompile:
         gm.recompile()
     return erased
+
+
+def drop_redundant_aliases(gm: torch.fx.GraphModule, recompile: bool = True) -> bool:
+    """Replace ``alias(a)`` by ``a`` wherever nobody can tell them apart, in place.
+
+    An alias has its input's memory and layout, so an op that reads it or writes its values
+    sees the same either way. Kept are aliases whose users change metadata in place
+    (``t_``, ``as_strided_``, ...: they would restride ``a`` itself), and aliases returned as
+    outputs when ``a`` is a graph input or parameter, or is returned in another place too:
+    there, a fresh tensor object is part of what the caller sees.
+
+    Example::
+
+        >>> drop_redundant_aliases(fxviews.rewrite(fxviews.trace(push_jvp, x, y, yt)).graph_module)
+        True
+    """
+    output = gm.graph.output_node()
+    returned: dict[torch.fx.Node, int] = {}
+    torch.fx.node.map_arg(output.args, lambda n: returned.__setitem__(n, returned.get(n, 0) + 1))
+    removed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.alias.default:
+            continue
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node):
+            continue
+        if any(user.target in METADATA_MUTATIONS for user in node.users):
+            continue
+        if output in node.users and (
+            source.op in ("placeholder", "get_attr") or returned.get(source, 0) > 0
+        ):
+            continue
+        if output in node.users:
+            # `source` now stands where the alias was returned: a second alias of it may not.
+            returned[source] = returned.get(source, 0) + returned.pop(node, 0)
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+        removed = True
+    if removed and recompile:
+        gm.recompile()
+    return removed

@@ -27,6 +27,22 @@ AS_STRIDED_OPS = (
 )
 
 
+#: In-place ops that change a tensor's sizes/strides (its metadata) rather than its values.
+METADATA_MUTATIONS = {
+    aten.as_strided_.default,
+    aten.t_.default,
+    aten.transpose_.default,
+    aten.squeeze_.default,
+    aten.squeeze_.dim,
+    aten.squeeze_.dims,
+    aten.unsqueeze_.default,
+    aten.swapdims_.default,
+    aten.swapaxes_.default,
+    aten.resize_.default,
+    aten.resize_as_.default,
+    aten.set_.source_Tensor,
+}
+
 # Torch-level spellings (symbolic_trace graphs) of the same ops: functions and method names.
 _TORCH_LEVEL_AS_STRIDED = {
     torch.as_strided: aten.as_strided.default,
