@@ -35,6 +35,7 @@ import torch
 from tabulate import tabulate
 
 import fxviews
+from fxviews.examples import f, push_jvp, seed_args
 from fxviews.rewriting import rewrite_in_place
 
 __all__ = ["add_arguments", "main", "run"]
@@ -65,24 +66,11 @@ FULL = Settings(7, 0.1, (8, 64, 256, 1024), (1_000, 10_000, 100_000), 3, True)
 # --- the functions measured -----------------------------------------------------------------
 
 
-def seed(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DESIGN.md's example: forward AD gives ``view`` its tangent through ``as_strided``."""
-    x = x.clone()
-    view = x[0]
-    x.copy_(y)
-    return view, x
-
-
-def push_jvp(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
-    """The seed pushed through ``torch.func.jvp``: the function rows 1, 2 and 5 measure."""
-    return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
-
-
 def make_push_jvp() -> Callable[..., Any]:
     """A new function object computing ``push_jvp``: no cache anywhere has seen it yet."""
 
     def fresh_push_jvp(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
-        return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
+        return torch.func.jvp(functools.partial(f, x), (y,), (yt,))
 
     return fresh_push_jvp
 
@@ -95,11 +83,6 @@ def make_jvp_loss() -> Callable[..., Any]:
         return (view * view_t).sum() + (base * base_t).sum()
 
     return fresh_jvp_loss
-
-
-def seed_args(shape: tuple[int, int] = (2, 6)) -> tuple[torch.Tensor, ...]:
-    """``x, y, yt`` for ``push_jvp``: the seed's shapes by default."""
-    return tuple(torch.randn(shape) for _ in range(3))
 
 
 def many_views(blocks: int) -> Callable[..., Any]:

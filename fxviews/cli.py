@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import functools
 import inspect
 import textwrap
 from typing import Any, Callable, Sequence
@@ -22,6 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import fxviews
+from fxviews.examples import f, push_jvp, seed_args
 from fxviews.printouts import DEFAULT_WIDTH, format_result
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -30,19 +30,6 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 # --------------------------------------------------------------------------------------------
 # demo: the seed example of the design document, end to end.
 # --------------------------------------------------------------------------------------------
-
-
-# Unannotated on purpose: the demo prints their source, and make_fx copies annotations into
-# the graph code it prints.
-def f(x, y):
-    x = x.clone()
-    view = x[0]
-    x.copy_(y)  # y carries a tangent, x did not: forward AD gives x one ...
-    return view, x  # ... and propagates it to `view` with as_strided
-
-
-def push_jvp(x, y, yt):
-    return torch.func.jvp(functools.partial(f, x), (y,), (yt,))
 
 
 _IN_DIMS = (1, 2, 2)
@@ -56,9 +43,7 @@ def _largest_error(actual: Any, expected: Any) -> float:
 def _run_demo(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     shape = (4, 6)
-    samples = [
-        tuple(torch.randn(shape, generator=gen) for _ in range(3)) for _ in range(args.batch_size)
-    ]
+    samples = [seed_args(shape, generator=gen) for _ in range(args.batch_size)]
     # torch.stack at the in_dims position: the batch dim is physically there, not just logically.
     batched = [
         torch.stack([sample[i] for sample in samples], dim=bd) for i, bd in enumerate(_IN_DIMS)

@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address
+from .graph_edits import OutputDeferringReplacer
 from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
@@ -121,33 +122,29 @@ class AsStridedToViews(PassBase):
     ) -> PassResult:
         _ensure_metadata(graph_module, nodes, self.example_inputs)
         index = ViewIndex(graph_module.graph)
-        # Replacements in the output node wait until the end: rewriting its (possibly
-        # thousands of) arguments once per as_strided would make the pass quadratic.
-        self._output_replacements: dict[torch.fx.Node, torch.fx.Node] = {}
+        replacer = OutputDeferringReplacer(graph_module.graph)
         modified = False
         for node in nodes:
-            record = self._rewrite_node(graph_module.graph, node, index)
+            record = self._rewrite_node(graph_module.graph, node, index, replacer)
             self.records.append(record)
             if record.method == "kept" and self.strict:
                 raise UnsafeAsStridedError(record.node, record.before, record.reason)
             modified = modified or record.method != "kept"
-        self._replace_in_output(graph_module.graph)
+        for replaced in replacer.finish():
+            graph_module.graph.erase_node(replaced)
         if modified:
             graph_module.graph.lint()
             if self.recompile:
                 graph_module.recompile()
         return PassResult(graph_module, modified)
 
-    def _replace_in_output(self, graph: torch.fx.Graph) -> None:
-        replacements, self._output_replacements = self._output_replacements, {}
-        if not replacements:
-            return
-        output = graph.output_node()
-        output.args = torch.fx.node.map_arg(output.args, lambda n: replacements.get(n, n))
-        for old in replacements:
-            graph.erase_node(old)
-
-    def _rewrite_node(self, graph: torch.fx.Graph, node: torch.fx.Node, index: ViewIndex) -> Record:
+    def _rewrite_node(
+        self,
+        graph: torch.fx.Graph,
+        node: torch.fx.Node,
+        index: ViewIndex,
+        replacer: OutputDeferringReplacer,
+    ) -> Record:
         call, problem = _parse(node)
         if call is None:
             return Record(node.name, node.format_node(), "", "kept", problem)
@@ -165,10 +162,8 @@ class AsStridedToViews(PassBase):
             if emitted is None:
                 continue
             after, out = emitted
-            node.replace_all_uses_with(out, delete_user_cb=lambda user: user.op != "output")
-            if node.users:
-                self._output_replacements[node] = out
-            else:
+            replacer.replace(node, out)
+            if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
             return Record(node.name, call.describe(), after, method, _REASONS[method])
         return _kept(call, _why_kept(call))

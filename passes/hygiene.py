@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .graph_edits import OutputDeferringReplacer
 from .view_chain import METADATA_MUTATIONS, is_view_op
 
 aten = torch.ops.aten
@@ -71,10 +72,11 @@ def drop_redundant_aliases(gm: torch.fx.GraphModule, recompile: bool = True) -> 
         >>> drop_redundant_aliases(fxviews.rewrite(fxviews.trace(push_jvp, x, y, yt)).graph_module)
         True
     """
-    output = gm.graph.output_node()
+    replacer = OutputDeferringReplacer(gm.graph)
+    output = replacer.output
     returned: dict[torch.fx.Node, int] = {}
     torch.fx.node.map_arg(output.args, lambda n: returned.__setitem__(n, returned.get(n, 0) + 1))
-    removed = False
+    dropped = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.alias.default:
             continue
@@ -83,16 +85,17 @@ def drop_redundant_aliases(gm: torch.fx.GraphModule, recompile: bool = True) -> 
             continue
         if any(user.target in METADATA_MUTATIONS for user in node.users):
             continue
-        if output in node.users and (
-            source.op in ("placeholder", "get_attr") or returned.get(source, 0) > 0
-        ):
-            continue
         if output in node.users:
+            if source.op in ("placeholder", "get_attr") or returned.get(source, 0) > 0:
+                continue
             # `source` now stands where the alias was returned: a second alias of it may not.
-            returned[source] = returned.get(source, 0) + returned.pop(node, 0)
-        node.replace_all_uses_with(source)
+            returned[source] = returned.pop(node, 0)
+        replacer.replace(node, source)
+        dropped.append(node)
+    replacer.finish()
+    for node in reversed(dropped):
         gm.graph.erase_node(node)
-        removed = True
+    removed = bool(dropped)
     if removed and recompile:
         gm.recompile()
     return removed

@@ -6,7 +6,6 @@ produced some) and, for a few cases, inner Inductor (slow on CPU, so kept to a m
 """
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed
 
 import fxviews
+from fxviews.examples import push_jvp
 from fxviews.backend import fxviews_backend
 
 AS_STRIDED_OPS = {
@@ -40,18 +40,6 @@ def fresh_dynamo():
 
 
 # --- the functions under test -------------------------------------------------------------
-
-
-def seed(x, y):
-    """DESIGN.md's example: a view of a base that an in-place copy_ then overwrites."""
-    x = x.clone()
-    view = x[0]
-    x.copy_(y)
-    return view, x
-
-
-def push_jvp(x, y, yt):
-    return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
 
 
 def jvp_loss(x, y, yt):

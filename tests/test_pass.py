@@ -8,6 +8,7 @@ import torch
 from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
+from fxviews.examples import push_jvp, seed_args
 from fxviews.passes import AsStridedToViews, eliminate_dead_metadata_checks
 from fxviews.passes import provenance, synthesis
 from fxviews.passes.view_chain import AS_STRIDED_OPS
@@ -17,21 +18,6 @@ aten = torch.ops.aten
 
 def as_strided_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in AS_STRIDED_OPS]
-
-
-def seed_f(x, y):
-    x = x.clone()
-    view = x[0]
-    x.copy_(y)
-    return view, x
-
-
-def push_jvp(x, y, yt):
-    return torch.func.jvp(functools.partial(seed_f, x), (y,), (yt,))
-
-
-def seed_args():
-    return torch.randn(2, 6), torch.randn(2, 6), torch.randn(2, 6)
 
 
 def test_seed_is_rewritten_by_provenance_and_caller_graph_is_untouched() -> None:

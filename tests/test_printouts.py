@@ -1,7 +1,6 @@
 """Graph-diff printouts (``str(RewriteResult)``), the debug environment variable and logging."""
 from __future__ import annotations
 
-import functools
 import io
 import logging
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 
 import fxviews
+from fxviews.examples import push_jvp
 from fxviews.passes import Record
 from fxviews.printouts import (
     DEBUG_ENV,
@@ -19,17 +19,6 @@ from fxviews.printouts import (
     format_table,
     report_rewrite,
 )
-
-
-def seed(x, y):
-    x = x.clone()
-    view = x[0]
-    x.copy_(y)
-    return view, x
-
-
-def push_jvp(x, y, yt):
-    return torch.func.jvp(functools.partial(seed, x), (y,), (yt,))
 
 
 def windows_and_outside(x):

@@ -1,0 +1,35 @@
+"""Graph edits that stay linear on graphs with thousands of outputs."""
+from __future__ import annotations
+
+import torch.fx
+
+
+class OutputDeferringReplacer:
+    """Replace every use of nodes, remapping the output node's arguments once, at the end.
+
+    ``Node.replace_all_uses_with`` rewrites each user's arguments, so replacing N nodes that a
+    graph returns costs N passes over an output node of N arguments. Passes that replace many
+    nodes use this instead, then call :meth:`finish`.
+
+    Example::
+
+        >>> replacer = OutputDeferringReplacer(gm.graph)
+        >>> replacer.replace(old, new)   # every user but the output, now
+        >>> replacer.finish()            # the output, once; `old` has no users left
+    """
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.output = graph.output_node()
+        self.pending: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def replace(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
+        old.replace_all_uses_with(new, delete_user_cb=lambda user: user is not self.output)
+        if self.output in old.users:
+            self.pending[old] = new
+
+    def finish(self) -> list[torch.fx.Node]:
+        """Remap the output; returns the replaced nodes it still held (now without users)."""
+        pending, self.pending = self.pending, {}
+        if pending:
+            self.output.args = torch.fx.node.map_arg(self.output.args, lambda n: pending.get(n, n))
+        return list(pending)
