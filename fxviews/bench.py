@@ -330,9 +330,9 @@ def bench_pass_cost(settings: Settings) -> Table:
         start = time.perf_counter()
         gm = fxviews.trace(fn, *args)
         t_trace = time.perf_counter() - start
-        # The pass mutates its input: time it on copies made outside the timer. Graphs of 10k
-        # nodes and more take seconds per pass, long enough to time once (and keep --quick quick).
-        repeats = settings.repeats if target < 10_000 else 1
+        # The pass mutates its input: time it on copies made outside the timer. A 100k-node
+        # graph takes seconds per pass, long enough to time once (and keep --quick quick).
+        repeats = settings.repeats if target < 100_000 else 1
         samples = []
         for _ in range(repeats):
             work = copy.deepcopy(gm)

@@ -5,6 +5,7 @@ as graph nodes to emit it, so what was verified is exactly what gets emitted.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -152,8 +153,12 @@ def is_view_op(op: Callable[..., Any]) -> bool:
     """Whether ``op`` returns an alias of its first argument without writing to it."""
     if op is operator.getitem:
         return True
-    if not isinstance(op, torch._ops.OpOverload):
-        return False
+    return isinstance(op, torch._ops.OpOverload) and _schema_is_view(op)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_is_view(op: torch._ops.OpOverload) -> bool:
+    # Cached: asked for every node of every graph, and an op's schema never changes.
     schema = op._schema
     if not schema.arguments or not schema.returns:
         return False
