@@ -52,6 +52,14 @@ def test_seed_under_vmap_with_batch_dims_not_first() -> None:
     assert not torch.allclose(tangent_view, expected_view)
 
 
+def test_view_replay_removes_the_as_strided_at_the_source() -> None:
+    # PyTorch's own view replay makes forward AD call `select` itself: nothing to rewrite.
+    gm = fxviews.trace(push_jvp, *seed_args(), view_replay=True)
+    assert as_strided_nodes(gm) == []
+    assert aten.select.int in [n.target for n in gm.graph.nodes]
+    assert fxviews.rewrite(gm).records == []
+
+
 def test_identity_becomes_alias() -> None:
     gm = fxviews.trace(lambda x: torch.as_strided(x, (2, 3), (3, 1), 0) * 2, torch.randn(2, 3))
     res = fxviews.rewrite(gm)
