@@ -123,8 +123,9 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
     """Trace ``fn(*args)`` and rewrite it: ``fxviews.rewrite(fxviews.trace(fn, *args))``.
 
     For debugging: print the result to see every as_strided node, what it became and why, and
-    the diff of the graph code. The trace uses ``args`` as they are (their layout included),
-    with real tensors; call it outside ``torch.func`` transforms.
+    the diff of the graph code. The trace reads ``args`` as they are, layout included (unlike
+    :func:`transform`, which traces fresh contiguous tensors); call it outside ``torch.func``
+    transforms.
 
     Example::
 
