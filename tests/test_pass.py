@@ -80,6 +80,20 @@ def test_synthesized_user_as_strided_on_non_contiguous_input() -> None:
     torch.testing.assert_close(res.graph_module(base), expected)
 
 
+def test_as_strided_of_an_as_strided_reads_relative_to_the_rewritten_input() -> None:
+    def f(x):
+        rows = x.as_strided((3, 4), (4, 1), 2)
+        return rows.as_strided((3,), (5,), 2) * 1, rows.as_strided((2, 2), (1, 4), 3) * 1
+
+    res = fxviews.rewrite(fxviews.trace(f, torch.randn(20)))
+    assert [r.method for r in res.records] == ["synthesized"] * 3
+    samples = [torch.randn(20) for _ in range(3)]
+    out = torch.func.vmap(res.graph_module, in_dims=1)(torch.stack(samples, dim=1))
+    for b, sample in enumerate(samples):
+        for got, want in zip(out, f(sample)):
+            torch.testing.assert_close(got[b], want)
+
+
 def test_unsafe_as_strided_is_kept_with_a_witness_and_strict_raises() -> None:
     # Reads column 2 of a 3x5 block through a view that only exposes columns 0-1.
     def peek(x):
