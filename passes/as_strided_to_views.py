@@ -24,8 +24,8 @@ reproduces it. ``strict=True`` raises ``UnsafeAsStridedError`` instead of keepin
 
 Variants: ``as_strided_copy`` becomes the chain plus a contiguous ``clone``;
 ``as_strided_scatter`` becomes nested ``select_scatter``/``slice_scatter``/``diagonal_scatter``
-(see ``scatter.py``); ``as_strided_`` is kept, since it restrides its input in place and the
-graph does not record the layout the input had before.
+(see ``scatter.py``); ``as_strided_`` restrides its input in place, so it becomes the chain
+only where nothing uses its input after it (later uses would expect the new layout).
 
 Cost: one pass to build the view index, then O(dims^2) per as_strided node: linear in the graph.
 """
@@ -59,6 +59,16 @@ from .view_chain import (
 )
 
 aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class _GraphContext:
+    """What the pass knows about the graph it rewrites, built once per call."""
+
+    graph: torch.fx.Graph
+    index: ViewIndex
+    replacer: OutputDeferringReplacer
+    position: dict[torch.fx.Node, int]  # of the original nodes, for "used after" questions
 
 
 @dataclass(frozen=True)
@@ -121,48 +131,58 @@ class AsStridedToViews(PassBase):
         self, graph_module: torch.fx.GraphModule, nodes: list[torch.fx.Node]
     ) -> PassResult:
         _ensure_metadata(graph_module, nodes, self.example_inputs)
-        index = ViewIndex(graph_module.graph)
-        replacer = OutputDeferringReplacer(graph_module.graph)
+        graph = graph_module.graph
+        context = _GraphContext(
+            graph=graph,
+            index=ViewIndex(graph),
+            replacer=OutputDeferringReplacer(graph),
+            position={node: i for i, node in enumerate(graph.nodes)},
+        )
         modified = False
         for node in nodes:
-            record = self._rewrite_node(graph_module.graph, node, index, replacer)
+            record = self._rewrite_node(node, context)
             self.records.append(record)
             if record.method == "kept" and self.strict:
                 raise UnsafeAsStridedError(record.node, record.before, record.reason)
             modified = modified or record.method != "kept"
-        for replaced in replacer.finish():
-            graph_module.graph.erase_node(replaced)
+        for replaced in context.replacer.finish():
+            graph.erase_node(replaced)
         if modified:
             graph_module.graph.lint()
             if self.recompile:
                 graph_module.recompile()
         return PassResult(graph_module, modified)
 
-    def _rewrite_node(
-        self,
-        graph: torch.fx.Graph,
-        node: torch.fx.Node,
-        index: ViewIndex,
-        replacer: OutputDeferringReplacer,
-    ) -> Record:
+    def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
         call, problem = _parse(node)
         if call is None:
             return Record(node.name, node.format_node(), "", "kept", problem)
+        graph, position = context.graph, context.position
         if call.op is aten.as_strided_.default:
-            return _kept(call, "as_strided_ restrides its input in place; the graph does not "
-                         "record the layout the input had before it")
-        mutation = next((u for u in call.source.users if u.target in METADATA_MUTATIONS), None)
+            later = [u for u in call.source.users if position[u] > position[node]]
+            if later:
+                return _kept(call, f"as_strided_ restrides its input in place and {later[0].name!r} "
+                             "uses the input afterwards, expecting the new layout")
+            # make_fx records a snapshot per node; interpreters (FakeTensorProp, ShapeProp)
+            # record the very tensor as_strided_ restrided, so the old layout is lost.
+            if call.source.meta.get("val") is node.meta.get("val"):
+                return _kept(call, "as_strided_ restrides its input in place and the graph's "
+                             "metadata records only the layout after it")
+        mutation = next(
+            (u for u in call.source.users if u.target in METADATA_MUTATIONS and u is not node),
+            None,
+        )
         if mutation is not None:
             return _kept(call, f"the input's layout changes in place at {mutation.name!r}, so "
                          "its trace-time layout is ambiguous")
-        for method, chain in _candidates(call, index):
+        for method, chain in _candidates(call, context.index):
             if not verify_chain(chain, call.source_geometry, call.target):
                 continue
             emitted = _emit(graph, call, chain)
             if emitted is None:
                 continue
             after, out = emitted
-            replacer.replace(node, out)
+            context.replacer.replace(node, out)
             if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
             return Record(node.name, call.describe(), after, method, _REASONS[method])

@@ -184,10 +184,60 @@ def test_scatter_into_a_flat_buffer_next_to_its_base_view() -> None:
     torch.testing.assert_close(base, torch.zeros(2, 6))
 
 
-def test_in_place_as_strided_is_kept_with_reason() -> None:
-    gm = fxviews.trace(lambda x: x.clone().as_strided_((3,), (4,)), torch.randn(3, 3))
+def test_in_place_as_strided_becomes_views_when_its_input_is_not_used_later() -> None:
+    def f(x):
+        y = x.clone()
+        y.as_strided_((3,), (4,))
+        return y * 2
+
+    res = fxviews.rewrite(fxviews.trace(f, torch.randn(3, 3)))
+    assert [r.method for r in res.records] == ["synthesized"]
+    assert as_strided_nodes(res.graph_module) == []
+    x = torch.randn(3, 3).t()
+    torch.testing.assert_close(res.graph_module(x), x.diagonal() * 2)
+
+
+def _hand_built_in_place_as_strided(read_input_again: bool) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(aten.clone.default, (x,))
+    z = graph.call_function(aten.as_strided_.default, (y, [3], [4]))
+    doubled = graph.call_function(aten.mul.Tensor, (z, 2))
+    if read_input_again:  # `y` is read after it was restrided
+        graph.output((doubled, graph.call_function(aten.add.Tensor, (y, 0))))
+    else:
+        graph.output((doubled,))
+    return torch.fx.GraphModule({}, graph)
+
+
+def test_in_place_as_strided_of_a_hand_built_graph() -> None:
+    x = torch.randn(3, 3)
+    gm = _hand_built_in_place_as_strided(read_input_again=False)
+    res = fxviews.rewrite(gm, example_inputs=[x])
+    assert [r.method for r in res.records] == ["synthesized"]
+    torch.testing.assert_close(res.graph_module(x.clone()), gm(x.clone()))
+
+
+def test_in_place_as_strided_is_kept_when_its_input_is_read_afterwards() -> None:
+    x = torch.randn(3, 3)
+    gm = _hand_built_in_place_as_strided(read_input_again=True)
+    res = fxviews.rewrite(gm, example_inputs=[x])
+    [record] = res.records
+    assert record.method == "kept" and "afterwards" in record.reason
+    for got, want in zip(res.graph_module(x.clone()), gm(x.clone())):
+        torch.testing.assert_close(got, want)
+
+
+def test_in_place_as_strided_is_kept_when_metadata_shows_only_the_new_layout() -> None:
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm = _hand_built_in_place_as_strided(read_input_again=False)
+    FakeTensorProp(gm).propagate(torch.randn(3, 3))
+    restrided = next(n for n in gm.graph.nodes if n.target is aten.as_strided_.default)
+    # A recorder that stores the restrided tensor itself on its input, not a snapshot.
+    restrided.args[0].meta["val"] = restrided.meta["val"]
     [record] = fxviews.rewrite(gm).records
-    assert record.method == "kept" and "in place" in record.reason
+    assert record.method == "kept" and "only the layout after it" in record.reason
 
 
 def test_graph_without_metadata_needs_example_inputs() -> None:
