@@ -203,3 +203,15 @@ def test_report_rewrite_logs_every_record_at_debug(caplog):
         assert any(record.node + ":" in m and f"[{record.method}]" in m for m in messages)
     assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "fxviews")
     assert any("as_strided 4 rewritten" in m for m in messages)
+
+
+def test_printout_shows_the_reshape_step_of_a_real_graph():
+    def flatten_then_scale(x):
+        return x.clone().view(-1) * 2
+
+    result = fxviews.rewrite(fxviews.trace(flatten_then_scale, torch.ones(2, 3)))
+    assert [r.method for r in result.view_records] == ["reshape"]
+    text = str(result)
+    assert "reshape(clone, [-1])" in text
+    assert "view 1 rewritten (reshape 1), 0 kept" in text
+    assert "+    reshape_default = torch.ops.aten.reshape.default(clone, [-1])" in text
