@@ -163,8 +163,8 @@ class AsStridedToViews(PassBase):
             if later:
                 return _kept(call, f"as_strided_ restrides its input in place and {later[0].name!r} "
                              "uses the input afterwards, expecting the new layout")
-            # make_fx records a snapshot per node; interpreters (FakeTensorProp, ShapeProp)
-            # record the very tensor as_strided_ restrided, so the old layout is lost.
+            # make_fx and FakeTensorProp record a snapshot per node. Metadata that holds the
+            # restrided tensor itself on the input node has lost the input's old layout.
             if call.source.meta.get("val") is node.meta.get("val"):
                 return _kept(call, "as_strided_ restrides its input in place and the graph's "
                              "metadata records only the layout after it")
