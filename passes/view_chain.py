@@ -138,15 +138,21 @@ def verify_chain(chain: Sequence[ViewStep], source: Geometry, target: Geometry) 
     """Whether ``chain`` turns a tensor of geometry ``source`` into one equivalent to ``target``.
 
     Runs the chain on a meta tensor with the source's exact sizes, strides and offset. Every
-    step must be a view op, so the result aliases the source's memory.
+    step must be a view op and the result must share the source's storage: a copy with the
+    right geometry would read the right values but miss later writes through the view.
     """
     if not all(is_view_op(step.op) for step in chain):
         return False
+    start = source.meta_tensor()
     try:
-        out = apply_chain(chain, source.meta_tensor())
+        out = apply_chain(chain, start)
     except (RuntimeError, IndexError, ValueError, TypeError):
         return False
-    return isinstance(out, torch.Tensor) and equivalent(Geometry.of(out), target)
+    return (
+        isinstance(out, torch.Tensor)
+        and out.untyped_storage()._cdata == start.untyped_storage()._cdata
+        and equivalent(Geometry.of(out), target)
+    )
 
 
 def is_view_op(op: Callable[..., Any]) -> bool:
@@ -181,9 +187,22 @@ def replayable_step(node: torch.fx.Node) -> ViewStep | None:
     rest = node.args[1:]
     if _has_node(rest):
         return None
-    if node.target is operator.getitem and not isinstance(node.args[0], torch.fx.Node):
+    if node.target is operator.getitem and not _picks_from_views(node.args[0]):
         return None
     return ViewStep(node.target, tuple(rest))
+
+
+def _picks_from_views(parent: Any) -> bool:
+    """``getitem`` is a view step only on the list a split-like view op returns.
+
+    On a tensor (torch-level graphs) it is Python indexing, which copies for list indices.
+    """
+    return (
+        isinstance(parent, torch.fx.Node)
+        and isinstance(parent.meta.get("val"), (list, tuple))
+        and parent.op == "call_function"
+        and is_view_op(parent.target)
+    )
 
 
 def _has_node(args: Any) -> bool:

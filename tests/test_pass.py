@@ -303,6 +303,24 @@ def test_rewrite_inside_another_trace_records_nothing_of_its_own() -> None:
     assert not [n for n in outer_gm.graph.nodes if n.op == "get_attr"]
 
 
+def test_a_copy_with_the_right_geometry_is_never_taken_for_a_view() -> None:
+    # x[[0, 1]] copies; its geometry equals that of rows 0-1 of a fresh (2, 4) base. Replaying
+    # it for the as_strided would read the right values but lose the write through the view.
+    def f(x, y):
+        base = x * 1
+        picked = base[[0, 1]]
+        window = torch.as_strided(base, (2, 4), (4, 1), 0)
+        window.mul_(y)
+        return picked, base
+
+    gm = torch.fx.symbolic_trace(f)
+    x, y = torch.randn(3, 4), torch.randn(2, 4)
+    res = fxviews.rewrite(gm, example_inputs=[x, y])
+    assert [r.method for r in res.records] != ["provenance"]
+    for got, want in zip(res.graph_module(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+
+
 def test_rewrite_rejects_non_graph_modules() -> None:
     with pytest.raises(TypeError, match="GraphModule"):
         fxviews.rewrite(lambda x: x)
