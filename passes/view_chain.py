@@ -83,15 +83,41 @@ def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     return bound
 
 
-# View ops whose arguments bake in a layout (or change dtype): never replayed.
-_NOT_REPLAYABLE = {
-    *AS_STRIDED_OPS,
-    aten._reshape_alias.default,
-    aten.view.dtype,
-    aten.view_as_real.default,
-    aten.view_as_complex.default,
-    aten._unsafe_view.default,
-}
+#: The view ops a chain may hold: each re-indexes its input's memory and nothing else. Views
+#: that also change what the memory means (``_conj``, ``_neg_view``, ``real``, ``view.dtype``,
+#: ...) or bake in a layout (``as_strided``, ``_reshape_alias``) are not replayed; ``getitem``
+#: picks from the list a split-like view returns.
+LAYOUT_VIEWS = frozenset(
+    {
+        operator.getitem,
+        aten.alias.default,
+        aten.detach.default,
+        aten.select.int,
+        aten.slice.Tensor,
+        aten.narrow.default,
+        aten.diagonal.default,
+        aten.unfold.default,
+        aten.expand.default,
+        aten.permute.default,
+        aten.t.default,
+        aten.transpose.int,
+        aten.swapdims.default,
+        aten.swapaxes.default,
+        aten.movedim.int,
+        aten.movedim.intlist,
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.unsqueeze.default,
+        aten.view.default,
+        aten.split.Tensor,
+        aten.split_with_sizes.default,
+        aten.tensor_split.sections,
+        aten.tensor_split.indices,
+        aten.chunk.default,
+        aten.unbind.int,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -138,10 +164,11 @@ def verify_chain(chain: Sequence[ViewStep], source: Geometry, target: Geometry) 
     """Whether ``chain`` turns a tensor of geometry ``source`` into one equivalent to ``target``.
 
     Runs the chain on a meta tensor with the source's exact sizes, strides and offset. Every
-    step must be a view op and the result must share the source's storage: a copy with the
-    right geometry would read the right values but miss later writes through the view.
+    step must be one of :data:`LAYOUT_VIEWS` and the result must share the source's storage: a
+    copy with the right geometry would read the right values but miss later writes through the
+    view.
     """
-    if not all(is_view_op(step.op) for step in chain):
+    if not all(step.op in LAYOUT_VIEWS for step in chain):
         return False
     start = source.meta_tensor()
     try:
@@ -182,7 +209,7 @@ def replayable_step(node: torch.fx.Node) -> ViewStep | None:
     """The step ``node`` performs on its first argument, if it is a replayable view."""
     if node.op != "call_function" or not node.args or node.kwargs:
         return None
-    if node.target in _NOT_REPLAYABLE or not is_view_op(node.target):
+    if node.target not in LAYOUT_VIEWS:
         return None
     rest = node.args[1:]
     if _has_node(rest):

@@ -321,6 +321,22 @@ def test_a_copy_with_the_right_geometry_is_never_taken_for_a_view() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_views_that_change_values_are_never_replayed() -> None:
+    # base[0].conj() has the geometry of row 0; replaying select + conj for the as_strided of
+    # row 0 would give conjugated values.
+    def f(x, y):
+        base = x * 1
+        conjugated_row = base[0].conj()
+        row = torch.as_strided(base, (3,), (1,), 0)
+        return conjugated_row * 1, row * y
+
+    x, y = torch.randn(2, 3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
+    res = fxviews.rewrite(fxviews.trace(f, x, y))
+    assert [r.after for r in res.records] == ["select(mul, 0, 0)"]
+    for got, want in zip(res.graph_module(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+
+
 def test_rewrite_rejects_non_graph_modules() -> None:
     with pytest.raises(TypeError, match="GraphModule"):
         fxviews.rewrite(lambda x: x)
