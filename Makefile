@@ -22,11 +22,14 @@ $(STAMP): pyproject.toml | $(PY)
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# torch warns at import when NumPy is absent; fxviews does not use NumPy.
+QUIET := PYTHONWARNINGS="ignore:Failed to initialize NumPy"
+
 demo: setup
-	$(PY) -m fxviews demo
+	$(QUIET) $(PY) -m fxviews demo
 
 bench: setup
-	$(PY) -m fxviews bench
+	$(QUIET) $(PY) -m fxviews bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
