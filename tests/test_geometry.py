@@ -27,7 +27,8 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 SETTINGS = settings(
-    max_examples=300,
+    # FXVIEWS_EXAMPLES=4000 for a thorough local run; 300 keeps the suite quick.
+    max_examples=int(os.environ.get("FXVIEWS_EXAMPLES", "300")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
