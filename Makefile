@@ -22,14 +22,11 @@ $(STAMP): pyproject.toml | $(PY)
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# torch warns at import when NumPy is absent; fxviews does not use NumPy.
-QUIET := PYTHONWARNINGS="ignore:Failed to initialize NumPy"
-
 demo: setup
-	$(QUIET) $(PY) -m fxviews demo
+	$(PY) -m fxviews demo
 
 bench: setup
-	$(QUIET) $(PY) -m fxviews bench
+	$(PY) -m fxviews bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
