@@ -275,3 +275,11 @@ def in_dims_sweep(ndims: Sequence[int], *, unbatched: Iterable[int] = ()) -> lis
 def in_dims_id(in_dims: InDims) -> str:
     """A readable pytest id for an ``in_dims`` tuple, e.g. ``bd=2,0,N``."""
     return "bd=" + ",".join("N" if bd is None else str(bd) for bd in in_dims)
+
+
+def stable_seed(text: str) -> int:
+    """A per-case random seed derived from ``text``, the same in every process.
+
+    (``hash`` of a str is randomized per process, so it would make failures irreproducible.)
+    """
+    return sum((i + 1) * ord(ch) for i, ch in enumerate(text)) % (2**31)

@@ -54,6 +54,7 @@ from tests.reference import (
     make_samples,
     noncontiguous_variants,
     per_sample_reference,
+    stable_seed,
     stack_batched,
 )
 
@@ -332,10 +333,6 @@ CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}
 assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 
 
-def _seed(case_id: str) -> int:
-    """A stable per-case seed (``hash`` of a str is randomized per process; this is not)."""
-    return sum((i + 1) * ord(ch) for i, ch in enumerate(case_id)) % (2**31)
-
 
 @dataclass
 class Prepared:
@@ -354,7 +351,7 @@ def prepared(case_id: str) -> Prepared:
     """Trace the case on sample 0 (unbatched, contiguous) and rewrite it; cached per case."""
     case = CASES_BY_ID[case_id]
     fn = case.function()
-    samples = make_samples(case.arg_shapes(), BATCH, seed=_seed(case_id), dtype=DTYPE)
+    samples = make_samples(case.arg_shapes(), BATCH, seed=stable_seed(case_id), dtype=DTYPE)
     gm = fxviews.trace(fn, *samples[0])
     code_before = gm.code
     result = fxviews.rewrite(gm)
@@ -535,13 +532,16 @@ def _nested_layout(case: Case, outer: tuple, inner: tuple) -> tuple[tuple, tuple
     ids=in_dims_id,
 )
 @pytest.mark.parametrize("case_id", NESTED_CASES)
-def test_nested_vmap_of_rewritten_graph_matches_eager(case_id: str, outer: tuple, inner: tuple) -> None:
+def test_nested_vmap_of_rewritten_graph_matches_eager(
+    case_id: str, outer: tuple, inner: tuple
+) -> None:
     """vmap(vmap(graph)) with both batch dims physically placed; eager double-loop reference."""
     prep = prepared(case_id)
     shapes = prep.case.arg_shapes()
     outer, inner = _nested_layout(prep.case, outer, inner)
     grid = [
-        make_samples(shapes, BATCH, seed=_seed(case_id) + 1 + j, dtype=DTYPE) for j in range(2)
+        make_samples(shapes, BATCH, seed=stable_seed(case_id) + 1 + j, dtype=DTYPE)
+        for j in range(2)
     ]
     inner_batched = [stack_batched(row, inner) for row in grid]
     batched = tuple(

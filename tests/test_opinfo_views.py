@@ -42,6 +42,7 @@ from tests.reference import (
     in_dims_sweep,
     make_samples,
     per_sample_reference,
+    stable_seed,
     stack_batched,
 )
 
@@ -185,10 +186,6 @@ assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 CASE_IDS = [c.id for c in CASES]
 
 
-def _seed(case_id: str) -> int:
-    """A stable per-case seed (``hash`` of a str is randomized per process)."""
-    return sum((i + 1) * ord(ch) for i, ch in enumerate(case_id)) % (2**31)
-
 
 @dataclass
 class Prepared:
@@ -207,7 +204,7 @@ def prepared(case_id: str) -> Prepared:
     """Trace and rewrite one case; cached so both tests share it. Eager runs first."""
     case = CASES_BY_ID[case_id]
     fn = case.function()
-    samples = make_samples([case.shape] * 3, BATCH, seed=_seed(case_id), dtype=DTYPE)
+    samples = make_samples([case.shape] * 3, BATCH, seed=stable_seed(case_id), dtype=DTYPE)
     try:
         fn(*samples[0])
     except RuntimeError as err:
