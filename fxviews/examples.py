@@ -35,4 +35,5 @@ def seed_args(
     shape: tuple[int, int] = (2, 6), generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x, y, yt`` for :func:`push_jvp`: the example's shapes by default."""
-    return tuple(torch.randn(shape, generator=generator) for _ in range(3))  # type: ignore[return-value]
+    x, y, yt = (torch.randn(shape, generator=generator) for _ in range(3))
+    return x, y, yt

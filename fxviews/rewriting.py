@@ -56,7 +56,8 @@ def rewrite(
     ``strict=True`` raises :class:`fxviews.UnsafeAsStridedError` for the first as_strided node
     that has to be kept. With ``reshape_views`` (the default), a second recorded step turns
     ``view`` into ``reshape`` wherever no aliasing through it is observable
-    (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts. A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
+    (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
+    A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
 
     Example::

@@ -161,8 +161,11 @@ class AsStridedToViews(PassBase):
         if call.op is aten.as_strided_.default:
             later = [u for u in call.source.users if position[u] > position[node]]
             if later:
-                return _kept(call, f"as_strided_ restrides its input in place and {later[0].name!r} "
-                             "uses the input afterwards, expecting the new layout")
+                return _kept(
+                    call,
+                    f"as_strided_ restrides its input in place and {later[0].name!r} uses the "
+                    "input afterwards, expecting the new layout",
+                )
             # make_fx and FakeTensorProp record a snapshot per node. Metadata that holds the
             # restrided tensor itself on the input node has lost the input's old layout.
             if call.source.meta.get("val") is node.meta.get("val"):

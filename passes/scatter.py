@@ -53,7 +53,8 @@ def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Ge
         args = bind_as_strided(user)
         sizes, strides, offset = args["size"], args["stride"], args["storage_offset"]
         offset = buffer_geometry.offset if offset is None else offset
-        if args["self"] is not buffer or not all(type(v) is int for v in (*sizes, *strides, offset)):
+        concrete = all(type(v) is int for v in (*sizes, *strides, offset))
+        if args["self"] is not buffer or not concrete:
             continue
         candidate = Geometry(tuple(sizes), tuple(strides), offset)
         dense = Geometry(candidate.sizes, _contiguous_strides(sizes), buffer_geometry.offset)

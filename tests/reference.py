@@ -182,7 +182,8 @@ def assert_tree_close(
     expected_leaves, expected_spec = pytree.tree_flatten(_tuples_to_lists(expected))
     if actual_spec != expected_spec:
         raise AssertionError(
-            f"{msg}: output structure differs\n  actual:   {actual_spec}\n  expected: {expected_spec}"
+            f"{msg}: output structure differs\n  actual:   {actual_spec}\n"
+            f"  expected: {expected_spec}"
         )
     for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
         torch.testing.assert_close(

@@ -396,7 +396,8 @@ def test_pass_is_linear_in_graph_size(monkeypatch: pytest.MonkeyPatch, n: int) -
     monkeypatch.setattr(pass_module, "synthesize", counting)
     work = []
     for size in (n, 4 * n):
-        gm = fxviews.trace(many_views(size), torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+        args = (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+        gm = fxviews.trace(many_views(size), *args)
         nodes = len(gm.graph.nodes)
         counts["synthesize"] = 0
         index = provenance.ViewIndex(gm.graph)

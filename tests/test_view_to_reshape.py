@@ -358,7 +358,8 @@ def test_functionalize_makes_aliasing_unobservable_so_views_become_reshape() -> 
         fxviews.trace(_mutate_after_view, samples[0], functionalize=True)
     )
     assert {r.method for r in functional.view_records} == {"reshape"}
-    torch.testing.assert_close(torch.func.vmap(functional.graph_module, in_dims=1)(batched), expected)
+    vmapped = torch.func.vmap(functional.graph_module, in_dims=1)
+    torch.testing.assert_close(vmapped(batched), expected)
     transformed = fxviews.transform(_mutate_after_view, functionalize=True)
     torch.testing.assert_close(torch.func.vmap(transformed, in_dims=1)(batched), expected)
 
