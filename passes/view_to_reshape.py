@@ -42,6 +42,7 @@ import torch
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from .graph_edits import OutputDeferringReplacer
 from .records import Record
 from .view_chain import GraphEmitter
 
@@ -226,8 +227,11 @@ class ViewToReshape(PassBase):
         if not nodes:
             return PassResult(graph_module, False)
         analysis = _AliasAnalysis(graph)
+        replacer = OutputDeferringReplacer(graph)
         for node in nodes:
-            self.records.append(_handle(graph, node, analysis.why_observed(node)))
+            self.records.append(_handle(graph, node, analysis.why_observed(node), replacer))
+        for replaced in replacer.finish():
+            graph.erase_node(replaced)
         modified = any(r.method == "reshape" for r in self.records)
         if modified:
             graph.lint()
@@ -245,7 +249,12 @@ def _describe(node: torch.fx.Node) -> str:
     return f"{node.target.__name__.split('.')[0]}({args})"
 
 
-def _handle(graph: torch.fx.Graph, node: torch.fx.Node, observed: str | None) -> Record:
+def _handle(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    observed: str | None,
+    replacer: OutputDeferringReplacer,
+) -> Record:
     """Rewrite ``node`` unless its aliasing is ``observed``; the record says which and why."""
     before = _describe(node)
     if observed is not None:
@@ -262,8 +271,9 @@ def _handle(graph: torch.fx.Graph, node: torch.fx.Node, observed: str | None) ->
             new = emit(node.target, contiguous)
             after = f"{before[:-1]}.clone(memory_format=torch.contiguous_format))"
             reason = "no alias observed: a contiguous copy gives the last dim stride 1"
-    node.replace_all_uses_with(new)
-    graph.erase_node(node)
+    replacer.replace(node, new)
+    if not node.users:  # else the output still holds it: erased after finish()
+        graph.erase_node(node)
     return Record(node.name, before, after, "reshape", reason)
 
 
