@@ -343,24 +343,22 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
             return False
         if call.source_geometry.storage_extent() > 100_000:
             return True
-        base = _numbered(call.source_geometry, 0)
-        src = _numbered(src_geometry, -1)
-        want = aten.as_strided_scatter.default(base, src, *_target_args(call.target))
+        base = _numbered(call.source_geometry)
+        src = -_numbered(src_geometry)  # distinct from every value of `base`
+        target = call.target
+        want = aten.as_strided_scatter.default(
+            base, src, list(target.sizes), list(target.strides), target.offset
+        )
         got = build_scatter(eager, base, src, chain)
         return bool(torch.equal(want, got))
     except (RuntimeError, IndexError, ValueError):
         return False
 
 
-def _numbered(geometry: Geometry, sign: int) -> torch.Tensor:
-    """A real tensor of ``geometry`` whose elements are distinct (negative if ``sign`` < 0)."""
-    extent = max(geometry.storage_extent(), 1)
-    storage = torch.arange(1, extent + 1, dtype=torch.float64) * (1 if sign >= 0 else -1)
+def _numbered(geometry: Geometry) -> torch.Tensor:
+    """A real tensor of ``geometry`` over storage ``1, 2, ...``: distinct positive values."""
+    storage = torch.arange(1, max(geometry.storage_extent(), 1) + 1, dtype=torch.float64)
     return storage.as_strided(geometry.sizes, geometry.strides, geometry.offset)
-
-
-def _target_args(target: Geometry) -> tuple[list[int], list[int], int]:
-    return list(target.sizes), list(target.strides), target.offset
 
 
 def _why_kept(call: _Call) -> str:

@@ -15,7 +15,7 @@ import torch
 import torch.fx
 
 from .geometry import Geometry
-from .view_chain import ViewChain, ViewStep, replayable_step
+from .view_chain import ViewChain, replayable_step
 
 #: How many view steps back from a view node the index looks for a base.
 MAX_DEPTH = 8
@@ -77,4 +77,4 @@ class ViewIndex:
         return self._chains.get((source.key(), target.key()))
 
 
-__all__ = ["MAX_DEPTH", "ViewIndex", "ViewStep", "node_geometry"]
+__all__ = ["MAX_DEPTH", "ViewIndex", "node_geometry"]

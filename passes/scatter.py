@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
+from torch._prims_common import make_contiguous_strides_for
 
 from .geometry import Geometry
 from .view_chain import Evaluator, ViewChain, ViewStep, as_strided_op, bind_as_strided
@@ -34,19 +35,11 @@ from .view_chain import Evaluator, ViewChain, ViewStep, as_strided_op, bind_as_s
 aten = torch.ops.aten
 
 
-def _contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(sizes):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Geometry]:
     """Dense geometries covering the whole flat ``buffer`` that its as_strided users restore."""
     if buffer_geometry.ndim != 1 or buffer_geometry.strides[0] != 1 or buffer_geometry.numel < 2:
         return []
-    found = []
+    found: dict[tuple, Geometry] = {}  # by key: each base once
     for user in buffer.users:
         if as_strided_op(user) is None:
             continue
@@ -57,11 +50,12 @@ def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Ge
         if args["self"] is not buffer or not concrete:
             continue
         candidate = Geometry(tuple(sizes), tuple(strides), offset)
-        dense = Geometry(candidate.sizes, _contiguous_strides(sizes), buffer_geometry.offset)
+        dense = Geometry(
+            candidate.sizes, make_contiguous_strides_for(candidate.sizes), buffer_geometry.offset
+        )
         if candidate.key() == dense.key() and candidate.numel == buffer_geometry.numel:
-            if candidate.key() not in [g.key() for g in found]:
-                found.append(candidate)
-    return found
+            found.setdefault(candidate.key(), candidate)
+    return list(found.values())
 
 
 def base_view_step(base: Geometry) -> ViewStep:
