@@ -1,6 +1,7 @@
-"""Graph edits that stay linear on graphs with thousands of outputs."""
+"""Small graph utilities shared by the passes: reading arguments, linear output replacement."""
 from __future__ import annotations
 
+import torch
 import torch.fx
 
 
@@ -33,3 +34,22 @@ class OutputDeferringReplacer:
         if pending:
             self.output.args = torch.fx.node.map_arg(self.output.args, lambda n: pending.get(n, n))
         return list(pending)
+
+
+def argument_nodes(args: object) -> list[torch.fx.Node]:
+    """The nodes inside ``args`` (nested lists, tuples and dicts included), in order."""
+    found: list[torch.fx.Node] = []
+
+    def keep(node: torch.fx.Node) -> torch.fx.Node:
+        found.append(node)
+        return node
+
+    torch.fx.node.map_arg(args, keep)
+    return found
+
+
+def arguments_by_name(node: torch.fx.Node, op: torch._ops.OpOverload) -> dict[str, object]:
+    """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
+    bound = dict(zip((a.name for a in op._schema.arguments), node.args))
+    bound.update(node.kwargs)
+    return bound

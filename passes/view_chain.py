@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from .geometry import Geometry, equivalent
+from .graph_edits import argument_nodes, arguments_by_name
 
 aten = torch.ops.aten
 
@@ -75,9 +76,7 @@ def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     """
     op = as_strided_op(node)
     assert op is not None, f"{node.name} is not an as_strided node"
-    bound: dict[str, Any] = {"storage_offset": None}
-    bound.update(zip((a.name for a in op._schema.arguments), node.args))
-    bound.update(node.kwargs)
+    bound: dict[str, Any] = {"storage_offset": None, **arguments_by_name(node, op)}
     if "input" in bound:
         bound["self"] = bound.pop("input")
     return bound
@@ -212,7 +211,7 @@ def replayable_step(node: torch.fx.Node) -> ViewStep | None:
     if node.target not in LAYOUT_VIEWS:
         return None
     rest = node.args[1:]
-    if _has_node(rest):
+    if argument_nodes(rest):
         return None
     if node.target is operator.getitem and not _picks_from_views(node.args[0]):
         return None
@@ -232,20 +231,8 @@ def _picks_from_views(parent: Any) -> bool:
     )
 
 
-def _has_node(args: Any) -> bool:
-    found = False
-
-    def visit(a: Any) -> Any:
-        nonlocal found
-        found = found or isinstance(a, torch.fx.Node)
-        return a
-
-    torch.fx.node.map_aggregate(args, visit)
-    return found
-
-
 def _in_one_fake_mode(vals: Sequence[Any]) -> list[Any]:
-    """Bring fake tensors into the first one's mode: make_fx gives each node its own mode.
+    """Bring fake tensors into the first one's mode: real-mode make_fx gives each node its own.
 
     Only the first argument's layout matters to a view or scatter op's output metadata, so the
     others are recreated with the same shape, strides, dtype and device.

@@ -42,7 +42,7 @@ import torch
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from .graph_edits import OutputDeferringReplacer
+from .graph_edits import OutputDeferringReplacer, argument_nodes, arguments_by_name
 from .records import Record
 from .view_chain import GraphEmitter
 
@@ -83,7 +83,7 @@ class _AliasAnalysis:
         self.outputs: set[torch.fx.Node] = set()
         for node in graph.nodes:
             if node.op == "output":
-                self.outputs.update(_flat_nodes(node.args))
+                self.outputs.update(argument_nodes(node.args))
                 continue
             for source in _aliased_arguments(node):
                 classes.union(node, source)
@@ -131,17 +131,6 @@ class _AliasAnalysis:
         return seen
 
 
-def _flat_nodes(args: object) -> list[torch.fx.Node]:
-    found: list[torch.fx.Node] = []
-
-    def keep(node: torch.fx.Node) -> torch.fx.Node:
-        found.append(node)
-        return node
-
-    torch.fx.node.map_arg(args, keep)
-    return found
-
-
 def _is_opaque(node: torch.fx.Node) -> bool:
     """A call whose aliasing the analysis cannot read from an aten schema."""
     if node.op in ("call_method", "call_module"):
@@ -155,16 +144,14 @@ def _is_opaque(node: torch.fx.Node) -> bool:
 
 def _bound_arguments(node: torch.fx.Node) -> list[tuple[torch._C.Argument, object]]:
     """(schema argument, value) pairs of an aten call, positional and keyword alike."""
-    schema = node.target._schema
-    by_name = dict(zip((a.name for a in schema.arguments), node.args))
-    by_name.update(node.kwargs)
-    return [(a, by_name[a.name]) for a in schema.arguments if a.name in by_name]
+    by_name = arguments_by_name(node, node.target)
+    return [(a, by_name[a.name]) for a in node.target._schema.arguments if a.name in by_name]
 
 
 def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The argument nodes whose memory ``node``'s result may share."""
     if _is_opaque(node):
-        return _flat_nodes((node.args, node.kwargs))
+        return argument_nodes((node.args, node.kwargs))
     if node.target is operator.getitem:
         source = node.args[0]
         return [source] if isinstance(source, torch.fx.Node) and _returns_alias(source) else []
@@ -174,7 +161,7 @@ def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
         value
         for argument, value in _bound_arguments(node)
         if argument.alias_info is not None
-        for value in _flat_nodes(value)
+        for value in argument_nodes(value)
     ]
 
 
@@ -187,14 +174,14 @@ def _returns_alias(node: torch.fx.Node) -> bool:
 def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The argument nodes ``node`` may write to: schema ``!`` annotations, or all if opaque."""
     if _is_opaque(node):
-        return _flat_nodes((node.args, node.kwargs))
+        return argument_nodes((node.args, node.kwargs))
     if not isinstance(node.target, torch._ops.OpOverload):
         return []  # placeholders, get_attr, getitem: no writes
     return [
         value
         for argument, value in _bound_arguments(node)
         if argument.alias_info is not None and argument.alias_info.is_write
-        for value in _flat_nodes(value)
+        for value in argument_nodes(value)
     ]
 
 
