@@ -21,8 +21,6 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence, Union
 
 import torch
-from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 
 from fxviews.printouts import report_rewrite
@@ -118,6 +116,10 @@ def _aot_backend(
     decompositions: dict[Any, Callable[..., Any]] | None,
 ) -> Backend:
     """Lower with AOTAutograd as ``aot_eager`` does, rewriting each graph before ``inner``."""
+    # Imported on use: Dynamo and AOTAutograd take over a second to import, and users of
+    # transform/rewrite alone never need them.
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
 
     def compiler_for(kind: str) -> Callable[[GraphModule, Sequence[Any]], CompiledFn]:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
