@@ -6,13 +6,14 @@ Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :fun
 from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
 from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite
-from fxviews.tracing import trace
+from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform
 
 __all__ = [
     "FxViewsError",
     "Record",
     "RewriteResult",
+    "TracingError",
     "UnsafeAsStridedError",
     "backend",
     "explain",

@@ -76,6 +76,8 @@ def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bo
     if records:
         parts.append(format_table(records, width=width))
     parts.append(format_summary(result))
+    if result.traced_with and result.traced_with != "fake mode":
+        parts.append(f"fxviews: traced in {result.traced_with}")
     if diff:
         parts.append(format_diff(result.code_before, result.code_after, width=width))
     return "\n\n".join(parts)

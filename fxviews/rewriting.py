@@ -16,6 +16,9 @@ from fxviews.passes import (
     eliminate_dead_metadata_checks,
 )
 
+#: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
+TRACED_WITH = "fxviews_traced_with"
+
 
 @dataclass
 class RewriteResult:
@@ -34,6 +37,9 @@ class RewriteResult:
     code_before: str
     seconds: float = 0.0
     view_records: list[Record] = field(default_factory=list)
+    #: How the graph was traced, when fxviews traced it (``"fake mode"`` or ``"real mode
+    #: (fake mode failed: ...)"``); None for graphs made elsewhere.
+    traced_with: str | None = None
 
     @property
     def code_after(self) -> str:
@@ -72,6 +78,7 @@ def rewrite(
     # A new module over a copy of the graph: the caller's graph stays as it was, while
     # parameters, buffers and tensor constants stay shared (gradients still reach them).
     own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    own.meta = dict(gm.meta)
     result = rewrite_in_place(
         own, strict=strict, example_inputs=example_inputs, reshape_views=reshape_views
     )
@@ -108,4 +115,5 @@ def rewrite_in_place(
         code_before=code_before,
         seconds=time.perf_counter() - start,
         view_records=list(reshaper.records),
+        traced_with=gm.meta.get(TRACED_WITH),
     )

@@ -1,25 +1,87 @@
-"""``fxviews.trace``: capture a function as an aten-level GraphModule with make_fx.
+"""``fxviews.trace``: capture a function as an aten-level GraphModule, wherever eager runs it.
 
-Both :func:`trace` and ``transform`` trace in make_fx's fake mode. Real-mode make_fx snapshots
-every value on its own, which loses storage offsets (``x[1:]`` is recorded at offset 0); the
-engine reads each as_strided relative to its input's recorded layout, offset included, so it
-needs the fake-mode record. Fake tracing also turns Python branches on tensor values into an
-error instead of one branch silently baked into the graph.
+Note [One tracing path]
+-----------------------
+``trace``, ``explain`` and ``transform`` all get their graph from :func:`capture`:
+
+1. **Fake mode first.** make_fx runs ``fn`` on fake tensors (no memory, no compute) in a
+   ``FakeTensorMode`` with a ``ShapeEnv``. Every node then records its exact layout, storage
+   offset included, which the engine needs to read each ``as_strided``. Real tensors ``fn``
+   closes over (parameters, buffers, anchor grids) are allowed: the graph holds them by
+   reference, so gradients and in-place updates reach them when it runs.
+2. **What fake mode proves impossible stays impossible.** Python control flow on tensor values,
+   and shapes or Python numbers computed from tensor values, are errors of their own kind
+   (:class:`TracingError` with ``cause``): a graph cannot capture them, and a real-mode trace
+   would silently bake the example's branch or sizes in.
+3. **Real mode where fake mode falls short.** PyTorch's fake mode cannot run some programs that
+   eager runs: forward AD through ``layer_norm``/``batch_norm`` (a meta/cpu device mismatch,
+   internal asserts on ``_fw_primal``/``_make_dual``), ops without a meta kernel. For those,
+   make_fx runs again in real mode on fresh real tensors of the same layouts, under a guard
+   that refuses every data-dependent op (so step 2 still holds), restores whatever the trace
+   wrote outside its own tensors (closed-over buffers) and leaves the random number generator
+   as it was. Real mode records every view at storage offset 0, so the exact layouts are then
+   recomputed by fake-propagating the graph from fake inputs with the examples' layouts.
+4. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
+   leaves PyTorch's thread-local dispatch state, mode stacks and transform levels as they were.
+
+``gm.meta["fxviews_traced_with"]`` says which mode produced the graph, and why real mode was
+needed; ``fxviews.rewrite`` carries it into its result and printout.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+import logging
+import threading
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from fxviews.passes import FxViewsError
+from fxviews.rewriting import TRACED_WITH
+from fxviews.torch_state import preserved_torch_state
+
+__all__ = ["TRACED_WITH", "TracingError", "capture", "function_name", "trace", "tracing_lock"]
+
+#: Serializes every trace in the process. Tracing torch.func code is not reentrant across
+#: threads: forward-AD levels, functorch's transform stack and dispatch modes are shared
+#: state, and two traces at once crash the interpreter. Reentrant: a traced function may call
+#: a transformed one, which traces in turn.
+tracing_lock = threading.RLock()
+
+
+class TracingError(FxViewsError):
+    """``fn`` could not be captured as one graph; ``cause`` says why.
+
+    ``cause`` is one of ``"control flow"`` (a Python branch on a tensor value),
+    ``"data-dependent shape"`` (a size or Python number computed from tensor values),
+    ``"closure over a transformed tensor"`` or ``"untraceable"`` (an op neither fake nor real
+    tracing could run).
+
+    Example::
+
+        >>> try:
+        ...     fxviews.trace(lambda x: x if x.sum() > 0 else -x, torch.randn(3))
+        ... except fxviews.TracingError as err:
+        ...     err.cause
+        'control flow'
+    """
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def trace(
@@ -30,15 +92,24 @@ def trace(
 ) -> torch.fx.GraphModule:
     """Trace ``fn(*args)`` into an aten-level ``torch.fx.GraphModule`` with make_fx.
 
-    ``args`` are example tensors (real or fake); every node records ``meta["val"]`` with the
-    exact layout it had, so :func:`fxviews.rewrite` can read each as_strided relative to its
-    input. ``view_replay=True`` traces under PyTorch's own view replay
+    ``args`` are example tensors (real or fake), read with their exact layouts: every node
+    records ``meta["val"]`` as it was, storage offset included, so :func:`fxviews.rewrite` can
+    read each as_strided relative to its input. ``fn`` may be an ``nn.Module`` or close over
+    real tensors (parameters, buffers): the graph holds them by reference. Where PyTorch's fake
+    mode cannot run ``fn`` (forward AD through normalization layers, for instance), ``fn`` is
+    traced in real mode on copies of ``args`` (see ``gm.meta["fxviews_traced_with"]``).
+
+    ``view_replay=True`` traces under PyTorch's own view replay
     (``torch.autograd._force_original_view_tracking(True)``), which makes autograd replay the
     original view ops instead of emitting ``as_strided``. ``functionalize=True`` traces
     ``torch.func.functionalize(fn)``: no intermediate is mutated, so no view's aliasing is
     observable and the reshape step can make every ``view`` layout-portable; mutations of the
-    inputs still happen, copied back at the end. Python control flow that depends on tensor
-    values cannot be traced and raises :class:`fxviews.FxViewsError`.
+    inputs still happen, copied back at the end.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        TracingError: ``fn`` cannot be one graph (``err.cause`` says why: Python control flow
+            on tensor values, a data-dependent shape, an untraceable op).
 
     Example::
 
@@ -48,54 +119,387 @@ def trace(
     """
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
-    replay = (
-        torch.autograd._force_original_view_tracking(True)
-        if view_replay
-        else contextlib.nullcontext()
-    )
     traced = torch.func.functionalize(fn) if functionalize else fn
-    with replay:
-        return make_graph(traced, args, caller="fxviews.trace", name=function_name(fn))
+    with _view_replay(view_replay):
+        return capture(
+            traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn)
+        )
 
 
-def make_graph(
-    fn: Callable[..., Any], args: Sequence[Any], *, caller: str, name: str
+def capture(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    fresh: bool,
+    caller: str,
+    name: str,
 ) -> torch.fx.GraphModule:
-    """make_fx ``fn`` in fake mode, turning tracing limits into :class:`FxViewsError`.
+    """make_fx ``fn(*args)``: fake mode, else real mode where fake mode falls short (see Note).
 
-    ``caller`` and ``name`` say who traced what, for the error message.
+    ``fresh=False`` traces on the tensors' own layouts (``args`` are the examples);
+    ``fresh=True`` on fresh contiguous tensors of their logical shapes, dtypes and devices
+    (``args`` may then be wrapped by enclosing transforms; only their metadata, and their
+    values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
+    messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
-    try:
-        return make_fx(fn, tracing_mode="fake")(*args)
-    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-        raise FxViewsError(
-            f"{caller} could not trace {name}: its Python control flow depends on tensor "
-            f"values (e.g. `if x.sum() > 0:`), which one graph cannot capture. Use torch.where "
-            f"or torch.cond instead. ({_first_line(err)})"
-        ) from err
-    except DynamicOutputShapeException as err:
-        raise FxViewsError(
-            f"{caller} could not trace {name}: an operator's output shape depends on tensor "
-            f"values ({_first_line(err)})"
-        ) from err
-    except RuntimeError as err:
-        if "escaped from inside a function being" in str(err):
-            raise FxViewsError(
-                f"{caller} could not trace {name}: it uses a tensor wrapped by an enclosing "
-                f"torch.func transform that is not one of its arguments (captured by a "
-                f"closure?). Pass that tensor as an argument."
-            ) from err
-        raise
+    call = _positional(fn)
+    with tracing_lock:
+        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        fake_args = _fake_examples(args, mode, fresh)
+        try:
+            with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
+                gm = _make_fx_guarded(call, fake_args, "fake", _TraceGuard(fake_args))
+            gm.meta[TRACED_WITH] = "fake mode"
+            return gm
+        except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
+            fake_error = err
+        _raise_if_untraceable_by_nature(fake_error, caller, name)
+        gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+        gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {_first_line(fake_error)})"
+        return gm
 
 
 def function_name(fn: Callable[..., Any]) -> str:
-    """A readable name for ``fn`` (functools.partial included) in messages."""
+    """A readable name for ``fn`` (functools.partial and modules included) in messages."""
     func = getattr(fn, "func", None)
     if func is not None and hasattr(fn, "args"):
         return f"partial({function_name(func)})"
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # make_fx reads fn's signature to count its inputs: a function with defaults, or one
+    # wrapped by functools.wraps (jacfwd, grad), would be asked for arguments it was not given.
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    return call
+
+
+@contextlib.contextmanager
+def _view_replay(enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    with torch.autograd._force_original_view_tracking(True):
+        yield
+
+
+# --- fake mode -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    # Fake mode logs every op it cannot run at ERROR level, traceback included. Here such a
+    # failure is expected and handled (real mode takes over, and the graph says so).
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    previous = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        fake_log.setLevel(previous)
+
+
+def _fake_examples(args: Sequence[Any], mode: FakeTensorMode, fresh: bool) -> list[Any]:
+    """Fake tensors for ``args``: fresh contiguous ones, or copies of their exact layouts."""
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if fresh:
+            with mode:
+                return torch.empty(value.shape, dtype=value.dtype, device=value.device)
+        if isinstance(value, FakeTensor) and value.fake_mode is mode:
+            return value
+        # from_tensor keeps sizes, strides, storage offset, and aliasing between arguments.
+        return mode.from_tensor(value, static_shapes=True)
+
+    return [pytree.tree_map(convert, arg) for arg in args]
+
+
+class _TensorBranch(RuntimeError):
+    """Python control flow asked for the truth value of a tensor while tracing."""
+
+
+class _BranchDetector(TorchFunctionMode):
+    """Tell a Python branch on a tensor (``if x.sum() > 0``) from other data dependence.
+
+    Both fail in fake mode with the same ``GuardOnDataDependentSymNode``; only a branch goes
+    through ``Tensor.__bool__``.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is not torch.Tensor.__bool__:
+            return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+            raise _TensorBranch(_first_line(err)) from err
+
+
+def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
+    """Raise a :class:`TracingError` for failures no tracing mode can get around."""
+    prefix = f"{caller} could not trace {name}"
+    if isinstance(err, FxViewsError):
+        raise err
+    if isinstance(err, _TensorBranch):
+        raise TracingError(
+            f"{prefix}: its Python control flow depends on tensor values (e.g. "
+            f"`if x.sum() > 0:`), which one graph cannot capture. Use torch.where or "
+            f"torch.cond instead. ({err})",
+            "control flow",
+        ) from err
+    if isinstance(
+        err, (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+    ):
+        raise TracingError(
+            f"{prefix}: a shape, index or Python number in it is computed from tensor values "
+            f"(e.g. `x[:int(x.sum())]` or `torch.nonzero`), which one graph cannot capture "
+            f"for every value. ({_first_line(err)})",
+            "data-dependent shape",
+        ) from err
+    if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
+        raise TracingError(
+            f"{prefix}: it uses a tensor wrapped by an enclosing torch.func transform that is "
+            f"not one of its arguments (captured by a closure?). Pass that tensor as an argument.",
+            "closure over a transformed tensor",
+        ) from err
+
+
+# --- real mode -------------------------------------------------------------------------------
+
+
+class _DataDependentOp(RuntimeError):
+    """A real-mode trace met an op whose result depends on tensor values."""
+
+
+def _capture_real(
+    call: Callable[..., Any],
+    args: Sequence[Any],
+    fake_args: list[Any],
+    mode: FakeTensorMode,
+    fresh: bool,
+    fake_error: Exception,
+    caller: str,
+    name: str,
+) -> torch.fx.GraphModule:
+    """make_fx in real mode on real copies of ``args``; exact layouts recomputed afterwards."""
+    real_args = _real_examples(args, fresh)
+    guard = _TraceGuard(real_args, refuse_data_dependent=True)
+    try:
+        with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
+            gm = _make_fx_guarded(call, real_args, "real", guard)
+    except _DataDependentOp as err:
+        raise TracingError(
+            f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
+            f"tensor values in a way one graph cannot capture. (Fake mode had failed first: "
+            f"{_first_line(fake_error)})",
+            "data-dependent shape",
+        ) from err
+    except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
+        raise TracingError(
+            f"{caller} could not trace {name} in fake mode ({type(fake_error).__name__}: "
+            f"{_first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
+            f"{_first_line(err)})",
+            "untraceable",
+        ) from err
+    _recompute_layouts(gm, fake_args, mode, caller, name)
+    return gm
+
+
+def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
+    """Real tensors to trace on: copies of ``args``' values in the layouts fake mode used.
+
+    Values matter only to ops that check them (an index in range, a factorizable matrix); the
+    guard refuses every op whose result could carry them into the graph.
+    """
+    copies: dict[int, torch.Tensor] = {}  # storage copies by source storage, to keep aliasing
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        sample = _plain_sample(value)
+        if fresh:
+            return sample.detach().clone(memory_format=torch.contiguous_format)
+        if sample is not value:  # fake or meta: no values to copy
+            return sample.requires_grad_() if value.requires_grad else sample
+        storage = value.untyped_storage()
+        key = storage.data_ptr()
+        if key not in copies:
+            copies[key] = torch.empty(0, dtype=torch.uint8, device=value.device).set_(
+                storage.clone()
+            )
+        copy = torch.empty(0, dtype=value.dtype, device=value.device)
+        copy.set_(copies[key].untyped_storage(), value.storage_offset(), value.shape, value.stride())
+        return copy.requires_grad_() if value.requires_grad else copy
+
+    return [pytree.tree_map(convert, arg) for arg in args]
+
+
+def _plain_sample(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of ``value``'s logical shape holding one sample's values if it has any.
+
+    Arguments wrapped by enclosing transforms are unwrapped (one batch entry of a vmapped one);
+    fake and meta tensors have no values, and give zeros.
+    """
+    functorch_c = torch._C._functorch
+    with torch.no_grad():
+        while functorch_c.is_functorch_wrapped_tensor(value):
+            batch_dim = functorch_c.maybe_get_bdim(value) if functorch_c.is_batchedtensor(
+                value
+            ) else -1
+            value = functorch_c.get_unwrapped(value)
+            if batch_dim >= 0:
+                value = value.select(batch_dim, 0)
+    if isinstance(value, FakeTensor) or value.device.type == "meta":
+        return torch.zeros(value.shape, dtype=value.dtype, device=_real_device(value))
+    return value
+
+
+def _real_device(value: torch.Tensor) -> torch.device:
+    if isinstance(value, FakeTensor):
+        return value.fake_device
+    return torch.device("cpu") if value.device.type == "meta" else value.device
+
+
+def _cuda_devices(args: Sequence[Any]) -> list[int]:
+    """The CUDA devices among ``args``: the ones whose generators a real trace may advance."""
+    devices = {
+        leaf.device.index or 0
+        for leaf in pytree.tree_leaves(list(args))
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda"
+    }
+    return sorted(devices)
+
+
+def _make_fx_guarded(
+    call: Callable[..., Any], args: list[Any], tracing_mode: str, guard: _TraceGuard
+) -> torch.fx.GraphModule:
+    """make_fx ``call`` with ``guard`` active inside it; foreign writes undone in any case."""
+
+    def guarded(*inputs: Any) -> Any:
+        with guard:
+            return call(*inputs)
+
+    try:
+        return make_fx(guarded, tracing_mode=tracing_mode)(*args)
+    finally:
+        guard.restore_foreign_writes()
+
+
+class _TraceGuard(TorchDispatchMode):
+    """Runs inside a trace: undoes writes to foreign tensors, refuses data-dependent ops.
+
+    Tracing executes ``fn``, and make_fx runs ops on real tensors even in fake mode when all
+    their inputs are real constants (a closed-over buffer, a KV cache). Such writes would
+    happen once at trace time and again whenever the graph runs, so the first write to each
+    storage the trace did not create snapshots it, and :meth:`restore_foreign_writes` puts the
+    bytes back. In a real-mode trace, ``refuse_data_dependent`` also stops at every op whose
+    result depends on tensor values (a real trace would bake the example's).
+    """
+
+    def __init__(self, inputs: Sequence[Any], *, refuse_data_dependent: bool = False) -> None:
+        super().__init__()
+        self._refuse_data_dependent = refuse_data_dependent
+        self._owned: set[int] = set()
+        self._own(inputs)
+        self._saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        tags = getattr(func, "tags", ())
+        data_dependent = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+        if self._refuse_data_dependent and any(tag in tags for tag in data_dependent):
+            raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+        for written in _written_tensors(func, args, kwargs):
+            self._snapshot_if_foreign(written)
+        out = func(*args, **kwargs)
+        self._own(out)
+        return out
+
+    def _own(self, values: Any) -> None:
+        for leaf in pytree.tree_leaves(values):
+            key = _storage_key(leaf)
+            if key is not None:
+                self._owned.add(key)
+
+    def _snapshot_if_foreign(self, tensor: torch.Tensor) -> None:
+        key = _storage_key(tensor)
+        if key is None or key in self._owned or key in self._saved:
+            return
+        storage = tensor.untyped_storage()
+        with _disable_current_modes(), torch.no_grad():
+            self._saved[key] = (storage, storage.clone())
+
+    def restore_foreign_writes(self) -> None:
+        with _disable_current_modes(), torch.no_grad():
+            for storage, saved in self._saved.values():
+                storage.copy_(saved)
+        self._saved.clear()
+
+
+def _storage_key(value: Any) -> int | None:
+    """The address of ``value``'s memory; None for non-tensors and storage-less tensors."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+        return None
+    if isinstance(value, FakeTensor) or value.device.type == "meta":
+        return None  # no memory a trace could write for real
+    # Efficient zero tensors (forward AD's zero tangents) carry a storage without memory.
+    if value._is_zerotensor() or not torch._C._has_storage(value):
+        return None
+    return value.untyped_storage().data_ptr()
+
+
+def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors ``func`` writes to, by its schema's alias annotations."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound.update(kwargs)
+    written = []
+    for argument in schema.arguments:
+        info = argument.alias_info
+        if info is None or not info.is_write or argument.name not in bound:
+            continue
+        written += [
+            leaf for leaf in pytree.tree_leaves(bound[argument.name])
+            if isinstance(leaf, torch.Tensor)
+        ]
+    return written
+
+
+def _recompute_layouts(
+    gm: torch.fx.GraphModule,
+    fake_args: list[Any],
+    mode: FakeTensorMode,
+    caller: str,
+    name: str,
+) -> None:
+    """Replace real mode's per-node snapshots (views at offset 0) by exact fake layouts."""
+    flat = [leaf for arg in fake_args for leaf in pytree.tree_leaves(arg)]
+    # Fake mode runs ops whose inputs are all real constants for real: guard their writes.
+    guard = _TraceGuard(flat)
+    try:
+        with preserved_torch_state():
+            try:
+                with guard:
+                    FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*flat)
+            finally:
+                guard.restore_foreign_writes()
+    except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown
+        raise TracingError(
+            f"{caller} traced {name} in real mode but could not recompute the exact layouts of "
+            f"its graph in fake mode ({type(err).__name__}: {_first_line(err)})",
+            "untraceable",
+        ) from err
 
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+

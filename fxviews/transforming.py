@@ -17,14 +17,11 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 import torch
 import torch.utils._pytree as pytree
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import _disable_current_modes
 
-from fxviews.passes import FxViewsError
-from fxviews.printouts import report_rewrite
+from fxviews.printouts import logger, report_rewrite
 from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
-from fxviews.tracing import function_name, make_graph, trace
+from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock
 
 __all__ = ["CacheInfo", "explain", "transform"]
 
@@ -39,12 +36,17 @@ _GRAPH_OUTPUT_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool
 
 
 class CacheInfo(NamedTuple):
-    """Statistics of a transformed function's graph cache, like ``functools.lru_cache``'s."""
+    """Statistics of a transformed function's graph cache, like ``functools.lru_cache``'s.
+
+    ``eager`` counts the cached signatures that run ``fn`` eagerly because it could not be
+    traced for them (see :func:`transform`).
+    """
 
     hits: int
     misses: int
     maxsize: int
     currsize: int
+    eager: int = 0
 
 
 def transform(
@@ -69,11 +71,26 @@ def transform(
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
     relative to the layout its input had when traced: fresh and contiguous.
 
+    Tracing is fake mode first and real mode where PyTorch's fake mode cannot run ``fn``
+    (forward AD through normalization layers, for instance); see :func:`fxviews.trace`. Where
+    ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
+    from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
+    that signature, as ``torch.compile`` does at a graph break: it warns once through the
+    ``fxviews`` logger and counts the signature in ``cache_info().eager``. ``strict=True``
+    raises instead.
+
+    Tracing and cache updates hold one process-wide lock (tracing ``torch.func`` code is not
+    reentrant across threads); calls that find their graph in the cache take no lock, so a
+    transformed function may be called from many threads at once.
+
     Args:
-        fn: the function to transform. It must be traceable: no Python control flow on tensor
-            values. Non-tensor arguments are part of the signature and baked into the graph.
+        fn: the function to transform. Non-tensor arguments are part of the signature and
+            baked into the graph. ``fn`` may close over real tensors (parameters, buffers):
+            the graph uses them by reference.
         strict: raise :class:`fxviews.UnsafeAsStridedError` instead of keeping an as_strided
-            node that cannot be proven expressible with view ops.
+            node that cannot be proven expressible with view ops, and
+            :class:`fxviews.TracingError` instead of running ``fn`` eagerly when it cannot be
+            traced.
         cache_size: how many signatures to keep graphs for (at least 1).
         functionalize: trace ``torch.func.functionalize(fn)``: mutations of intermediates
             become out-of-place ops, so no aliasing inside the graph is observable and every
@@ -88,8 +105,7 @@ def transform(
 
     Raises:
         TypeError: ``fn`` is not callable.
-        FxViewsError: at call time, when ``fn`` cannot be traced (data-dependent control flow,
-            a closure over a tensor of an enclosing transform).
+        TracingError: at call time with ``strict=True``, when ``fn`` cannot be traced.
 
     Example::
 
@@ -112,6 +128,8 @@ def transform(
     @functools.wraps(fn)
     def transformed(*args: Any, **kwargs: Any) -> Any:
         entry, tensors = cache.lookup(args, kwargs)
+        if entry.graph_module is None:
+            return fn(*args, **kwargs)
         return entry.run(tensors)
 
     transformed.cache_info = cache.info  # type: ignore[attr-defined]
@@ -136,21 +154,26 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 
 @dataclass
 class _Entry:
-    """One cached graph and how to map arguments to it and its outputs back to ``fn``'s."""
+    """One cached graph and how to map arguments to it and its outputs back to ``fn``'s.
 
-    graph_module: torch.fx.GraphModule
-    input_positions: tuple[int, ...]
-    out_spec: pytree.TreeSpec
+    ``graph_module`` is None when ``fn`` could not be traced for this signature and runs
+    eagerly; ``eager_reason`` then says why.
+    """
+
+    graph_module: torch.fx.GraphModule | None
+    input_positions: tuple[int, ...] = ()
+    out_spec: pytree.TreeSpec | None = None
     # Output leaves the graph does not produce (None, Python numbers, ...): fixed per signature.
-    out_constants: tuple[Any, ...]
-    out_from_graph: tuple[bool, ...]
+    out_constants: tuple[Any, ...] = ()
+    out_from_graph: tuple[bool, ...] = ()
     # Unhashable non-tensor arguments are keyed by id(); holding them keeps the ids unique.
-    keepalive: tuple[Any, ...]
+    keepalive: tuple[Any, ...] = ()
+    eager_reason: str | None = None
 
     def run(self, tensors: Sequence[Any]) -> Any:
         # The generated forward itself: a traced graph has no hooks, so nn.Module.__call__
         # would only add overhead to every call.
-        produced = self.graph_module.forward(*tensors)
+        produced = self.graph_module.forward(*tensors)  # type: ignore[union-attr]
         if not self.out_constants:
             return pytree.tree_unflatten(produced, self.out_spec)
         produced_iter, constants = iter(produced), iter(self.out_constants)
@@ -161,7 +184,12 @@ class _Entry:
 
 
 class _GraphCache:
-    """A bounded LRU map from input signatures to traced, rewritten graphs of one function."""
+    """A bounded LRU map from input signatures to traced, rewritten graphs of one function.
+
+    Lookups take no lock: a hit only reads the map. Misses build under the process-wide
+    tracing lock, and look again once they hold it, so threads missing on the same signature
+    trace it once.
+    """
 
     def __init__(
         self, fn: Callable[..., Any], *, strict: bool, maxsize: int, functionalize: bool
@@ -196,27 +224,51 @@ class _GraphCache:
         entry = self.entries.get(key)
         if entry is not None:
             self.hits += 1
-            self.entries.move_to_end(key)
+            # Another thread may have evicted the key since the read: the entry still works.
+            with contextlib.suppress(KeyError):
+                self.entries.move_to_end(key)
         return entry
 
     def _insert(
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> _Entry:
-        self.misses += 1
-        entry = self._build(spec, leaves, keepalive)
-        self.entries[key] = entry
-        if len(self.entries) > self.maxsize:
-            self.entries.popitem(last=False)
-        return entry
+        with tracing_lock:
+            entry = self.entries.get(key)
+            if entry is not None:  # built by another thread while this one waited
+                return entry
+            self.misses += 1
+            entry = self._build(spec, leaves, keepalive)
+            self.entries[key] = entry
+            if len(self.entries) > self.maxsize:
+                self.entries.popitem(last=False)
+            return entry
 
     def info(self) -> CacheInfo:
-        return CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
+        entries = list(self.entries.values())
+        eager = sum(entry.graph_module is None for entry in entries)
+        return CacheInfo(self.hits, self.misses, self.maxsize, len(entries), eager)
 
     def clear(self) -> None:
-        self.entries.clear()
-        self.hits = self.misses = 0
+        with tracing_lock:
+            self.entries.clear()
+            self.hits = self.misses = 0
 
     def _build(
+        self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
+    ) -> _Entry:
+        try:
+            return self._build_graph(spec, leaves, keepalive)
+        except TracingError as err:
+            if self.strict:
+                raise
+            logger.warning(
+                "fxviews.transform runs %s eagerly for this input signature (no graph): %s",
+                function_name(self.fn),
+                err,
+            )
+            return _Entry(graph_module=None, keepalive=keepalive, eager_reason=str(err))
+
+    def _build_graph(
         self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
     ) -> _Entry:
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
@@ -235,15 +287,17 @@ class _GraphCache:
             return [o for o in out_leaves if isinstance(o, _GRAPH_OUTPUT_TYPES)]
 
         _check_no_captured_wrappers(self.fn)
+        name = function_name(self.fn)
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
         # batched under) the transforms or tracers this call happens inside either.
         with _outside_transforms():
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
-            gm = _trace_fresh(traced, [leaves[i] for i in positions], self.fn)
+            tensors = [leaves[i] for i in positions]
+            gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
             result = rewrite_in_place(gm, strict=self.strict)
             if result.graph_module.graph.eliminate_dead_code():
                 result.graph_module.recompile()
-        report_rewrite(result, source=f"transform({function_name(self.fn)})")
+        report_rewrite(result, source=f"transform({name})")
         return _Entry(
             graph_module=result.graph_module,
             input_positions=positions,
@@ -286,22 +340,6 @@ def _outside_transforms() -> Iterator[None]:
         yield
 
 
-def _trace_fresh(
-    flat_fn: Callable[..., Any], tensors: list[torch.Tensor], fn: Callable[..., Any]
-) -> torch.fx.GraphModule:
-    """make_fx ``flat_fn`` on fake contiguous tensors with the logical metadata of ``tensors``.
-
-    Fake tensors cost no memory or compute and turn Python branches on tensor values into
-    errors instead of silently baking in one branch. The ShapeEnv lets ``.item()`` and boolean
-    masks trace as data-dependent values, as they run in eager mode. Call it inside
-    :func:`_outside_transforms`.
-    """
-    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    with mode:
-        fresh = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
-    return make_graph(flat_fn, fresh, caller="fxviews.transform", name=function_name(fn))
-
-
 def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
     """Refuse an ``fn`` whose closure holds a tensor wrapped by an enclosing transform.
 
@@ -319,10 +357,11 @@ def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             if torch._C._functorch.is_functorch_wrapped_tensor(obj):
-                raise FxViewsError(
+                raise TracingError(
                     f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "
                     f"tensor wrapped by an enclosing torch.func transform, whose derivative or "
-                    f"batch dim the cached graph would lose. Pass that tensor as an argument."
+                    f"batch dim the cached graph would lose. Pass that tensor as an argument.",
+                    "closure over a transformed tensor",
                 )
         elif isinstance(obj, functools.partial):
             pending += [obj.func, *obj.args, *obj.keywords.values()]

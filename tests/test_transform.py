@@ -493,7 +493,7 @@ def test_cache_keys_on_shape_dtype_and_non_tensor_values():
     tf(torch.ones(3), 2, mode="mul")
     tf(x, 2, mode="mul")
     assert len(calls) == 5
-    assert tf.cache_info() == (1, 5, 32, 5)
+    assert tf.cache_info() == (1, 5, 32, 5, 0)  # hits, misses, maxsize, currsize, eager
 
 
 def test_cache_is_bounded_lru():
@@ -506,7 +506,7 @@ def test_cache_is_bounded_lru():
     tf(b)
     assert tf.cache_info().misses == 4
     tf.cache_clear()
-    assert tf.cache_info() == (0, 0, 2, 0)
+    assert tf.cache_info() == (0, 0, 2, 0, 0)
 
 
 def test_unhashable_non_tensor_argument_is_keyed_by_identity():
@@ -623,28 +623,54 @@ def branchy(x):
     return x
 
 
-def test_data_dependent_control_flow_names_fn():
-    with pytest.raises(fxviews.FxViewsError, match=r"branchy.*control flow"):
-        fxviews.transform(branchy)(torch.ones(3))
+def test_data_dependent_control_flow_names_fn_under_strict():
+    with pytest.raises(fxviews.TracingError, match=r"branchy.*control flow") as info:
+        fxviews.transform(branchy, strict=True)(torch.ones(3))
+    assert info.value.cause == "control flow"
     with pytest.raises(fxviews.FxViewsError, match="branchy"):
-        vmap(fxviews.transform(branchy))(torch.ones(2, 3))
+        vmap(fxviews.transform(branchy, strict=True))(torch.ones(2, 3))
 
 
-@pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
+def test_data_dependent_control_flow_runs_eagerly_and_says_so(caplog):
+    tf = fxviews.transform(branchy)
+    x = torch.tensor([1.0, -3.0, 0.5])
+    with caplog.at_level(logging.WARNING, logger="fxviews"):
+        assert torch.equal(tf(x), branchy(x))
+        assert torch.equal(tf(-x), branchy(-x))  # the other branch: no graph baked one in
+    assert tf.cache_info().eager == 1
+    warnings = [r for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(warnings) == 1 and "branchy" in warnings[0].getMessage()
+    batched = torch.stack([x, -x], dim=1)
+    with pytest.raises(RuntimeError):  # eager vmap refuses the branch: so does the fallback
+        vmap(branchy, in_dims=1)(batched)
+    with pytest.raises(RuntimeError):
+        vmap(tf, in_dims=1)(batched)
+
+
+def _closes_over_transformed(v):
+    return fxviews.transform(lambda x: (x * v).sum())(torch.arange(3.0))
+
+
+def _closes_over_transformed_strict(v):
+    return fxviews.transform(lambda x: (x * v).sum(), strict=True)(torch.arange(3.0))
+
+
+_ENCLOSING = {
+    "vmap": lambda f: vmap(f)(torch.stack([torch.ones(3), torch.arange(3.0)])),
+    "grad": lambda f: grad(f)(torch.ones(3)),
+    "jvp": lambda f: jvp(f, (torch.ones(3),), (torch.arange(3.0),)),
+}
+
+
+@pytest.mark.parametrize("transform", sorted(_ENCLOSING))
 def test_tensor_captured_from_enclosing_transform(transform):
-    """Traced outside the transforms, it would be a constant: zero derivative, no batch dim."""
-
-    def outer(v):
-        return fxviews.transform(lambda x: (x * v).sum())(torch.ones(3))
-
-    v = torch.ones(3)
-    call = {
-        "vmap": lambda: vmap(outer)(torch.ones(2, 3)),
-        "grad": lambda: grad(outer)(v),
-        "jvp": lambda: jvp(outer, (v,), (v,)),
-    }[transform]
-    with pytest.raises(fxviews.FxViewsError, match="argument"):
-        call()
+    """Traced outside the transforms it would be a constant (zero derivative, no batch dim):
+    the signature runs eagerly instead, with eager's values; strict=True refuses it."""
+    enclose = _ENCLOSING[transform]
+    eager = enclose(lambda v: (torch.arange(3.0) * v).sum())
+    assert_tree_close(enclose(_closes_over_transformed), eager)
+    with pytest.raises(fxviews.TracingError, match="argument"):
+        enclose(_closes_over_transformed_strict)
 
 
 def reads_outside(x):

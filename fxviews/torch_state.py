@@ -1,0 +1,82 @@
+"""Restore PyTorch's process and thread state after tracing, whether the trace worked or not.
+
+Tracing ``torch.func`` code runs PyTorch's transform machinery inside make_fx. When an op fails
+deep inside it (a fake-mode limitation, a data-dependent branch), some C++ guards are not
+unwound: the thread-local dispatch key sets keep functorch's keys excluded, and every later
+*eager* ``vmap`` or ``jvp`` in the process fails ("Cannot access data pointer of Tensor that
+doesn't have storage", forward-AD internal asserts). :func:`preserved_torch_state` snapshots
+every piece of state a trace can touch and puts it back on exit.
+
+Example::
+
+    >>> with preserved_torch_state():
+    ...     make_fx(fn, tracing_mode="fake")(*args)   # may raise; the state is restored anyway
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch._C import _functorch as functorch_c
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The global and thread-local settings a trace may leave changed."""
+
+    grad_enabled: bool
+    forward_grad_enabled: bool
+    view_replay: bool
+    inplace_requires_grad_allowed: bool
+    dispatch_modes: int
+    function_modes: int
+    functorch_depth: int
+    python_dual_level: int
+
+    @classmethod
+    def take(cls) -> _Snapshot:
+        return cls(
+            grad_enabled=torch.is_grad_enabled(),
+            forward_grad_enabled=torch._C._is_fwd_grad_enabled(),
+            view_replay=torch._C._is_view_replay_enabled(),
+            inplace_requires_grad_allowed=functorch_c.get_inplace_requires_grad_allowed(),
+            dispatch_modes=torch._C._len_torch_dispatch_stack(),
+            function_modes=torch._C._len_torch_function_stack(),
+            functorch_depth=functorch_c.get_dynamic_layer_stack_depth(),
+            python_dual_level=torch.autograd.forward_ad._current_level,
+        )
+
+    def restore(self) -> None:
+        torch._C._set_grad_enabled(self.grad_enabled)
+        torch._C._set_fwd_grad_enabled(self.forward_grad_enabled)
+        torch._C._set_view_replay_enabled(self.view_replay)
+        functorch_c.set_inplace_requires_grad_allowed(self.inplace_requires_grad_allowed)
+        while torch._C._len_torch_dispatch_stack() > self.dispatch_modes:
+            torch._C._pop_torch_dispatch_stack()
+        while torch._C._len_torch_function_stack() > self.function_modes:
+            torch._C._pop_torch_function_stack()
+        if functorch_c.get_dynamic_layer_stack_depth() > self.functorch_depth:
+            functorch_c.pop_dynamic_layer_stack_and_undo_to_depth(self.functorch_depth)
+        torch.autograd.forward_ad._current_level = self.python_dual_level
+
+
+@contextlib.contextmanager
+def preserved_torch_state() -> Iterator[None]:
+    """Run the body, then restore grad modes, dispatch keys, modes and transform levels.
+
+    What is restored: grad and forward-grad mode, view replay, functorch's in-place flag, the
+    torch dispatch and torch function mode stacks, the functorch dynamic layer stack, the
+    Python-level forward-AD level, and the thread-local included/excluded dispatch keys.
+    Random number generators are not touched here: only a trace that runs real ops consumes
+    them, and that trace forks them itself.
+    """
+    snapshot = _Snapshot.take()
+    # The guard saves the thread-local dispatch key sets on entry and reinstates them on exit.
+    with torch._C._PreserveDispatchKeyGuard():
+        try:
+            yield
+        finally:
+            snapshot.restore()

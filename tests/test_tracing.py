@@ -1,0 +1,215 @@
+"""The tracing path shared by ``trace``, ``explain`` and ``transform``.
+
+Fake mode first, real mode where PyTorch's fake mode falls short, never real mode for what
+depends on tensor values, closures over real tensors everywhere, and a process left exactly as
+it was after any failure. References are eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import grad, jacfwd, jvp, vmap
+
+import fxviews
+from fxviews.tracing import TRACED_WITH
+from tests.reference import assert_tree_close
+
+WEIGHT, BIAS = torch.randn(3), torch.randn(3)
+
+
+def layer_norm_gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.layer_norm(x, (3,), WEIGHT, BIAS))
+
+
+def jvp_layer_norm(x: torch.Tensor, t: torch.Tensor):
+    return jvp(layer_norm_gelu, (x,), (t,))
+
+
+def branchy(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if x.sum() > 0 else -x
+
+
+def data_dependent_length(x: torch.Tensor) -> torch.Tensor:
+    return x[: int(x.sum())]
+
+
+def _eager_still_works() -> None:
+    """The checks a broken process fails: eager vmap of jvp and grad, against closed forms."""
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+    primal, tangent = vmap(lambda a, b: jvp(torch.sin, (a,), (b,)))(x, t)
+    torch.testing.assert_close(primal, x.sin())
+    torch.testing.assert_close(tangent, x.cos() * t)
+    torch.testing.assert_close(vmap(grad(lambda a: a.pow(2).sum()))(x), 2 * x)
+
+
+def test_forward_ad_through_layer_norm_traces_in_real_mode():
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+    gm = fxviews.trace(jvp_layer_norm, x, t)
+    assert gm.meta[TRACED_WITH].startswith("real mode (fake mode failed:")
+    assert_tree_close(gm(x, t), jvp_layer_norm(x, t))
+    result = fxviews.rewrite(gm)
+    assert result.traced_with == gm.meta[TRACED_WITH]
+    assert "traced in real mode" in str(result)
+
+
+def test_plain_functions_trace_in_fake_mode():
+    gm = fxviews.trace(lambda x: x.t().contiguous(), torch.randn(2, 3))
+    assert gm.meta[TRACED_WITH] == "fake mode"
+
+
+def test_real_mode_trace_keeps_exact_layouts():
+    """Real mode records views at offset 0; the recomputed metadata has the true offset."""
+    x = torch.randn(6, 3)[1:]  # storage offset 3
+
+    def f(x):
+        y = x[1:]
+        return jvp(layer_norm_gelu, (y,), (y,))
+
+    gm = fxviews.trace(f, x)
+    assert gm.meta[TRACED_WITH].startswith("real mode")
+    slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert slices and slices[0].meta["val"].storage_offset() == 6
+
+
+def test_real_mode_trace_leaves_the_random_stream_alone():
+    def noisy_jvp(x, t):
+        return jvp(lambda a: layer_norm_gelu(a) + torch.rand(3), (x,), (t,))
+
+    x, t = torch.randn(2, 3), torch.randn(2, 3)
+    torch.manual_seed(0)
+    fxviews.trace(noisy_jvp, x, t)
+    after_trace = torch.rand(5)
+    torch.manual_seed(0)
+    assert torch.equal(after_trace, torch.rand(5))
+
+
+def test_real_mode_trace_does_not_write_closed_over_buffers():
+    """The graph writes the buffer when it runs; tracing it must not write it too."""
+    counter = torch.zeros(3)
+
+    def counts(x, t):
+        counter.add_(1)
+        return jvp(layer_norm_gelu, (x,), (t,))
+
+    x, t = torch.randn(2, 3), torch.randn(2, 3)
+    gm = fxviews.trace(counts, x, t)
+    assert gm.meta[TRACED_WITH].startswith("real mode")
+    assert torch.equal(counter, torch.zeros(3))
+    gm(x, t)
+    assert torch.equal(counter, torch.ones(3))
+
+
+def test_real_mode_refuses_data_dependent_ops():
+    """A real trace would bake the example's nonzero count into the graph."""
+
+    def f(x, t):
+        primal, tangent = jvp(layer_norm_gelu, (x,), (t,))
+        return primal[primal > 0]
+
+    with pytest.raises(fxviews.TracingError) as info:
+        fxviews.trace(f, torch.randn(2, 3), torch.randn(2, 3))
+    assert info.value.cause == "data-dependent shape"
+    _eager_still_works()
+
+
+@pytest.mark.parametrize(
+    "fn, cause",
+    [(branchy, "control flow"), (data_dependent_length, "data-dependent shape")],
+    ids=["control_flow", "data_dependent_shape"],
+)
+def test_errors_name_the_cause_and_the_function(fn, cause):
+    with pytest.raises(fxviews.TracingError, match=fn.__name__) as info:
+        fxviews.trace(fn, torch.ones(4))
+    assert info.value.cause == cause
+    _eager_still_works()
+
+
+def test_a_failed_trace_inside_jvp_leaves_pytorch_working():
+    """Fake mode fails deep inside forward AD here; every later eager call must still work."""
+
+    def fails(x, t):
+        primal, tangent = jvp(layer_norm_gelu, (x,), (t,))
+        return primal if primal.sum() > 0 else tangent
+
+    with pytest.raises(fxviews.TracingError):
+        fxviews.trace(fails, torch.randn(2, 3), torch.randn(2, 3))
+    _eager_still_works()
+    with pytest.raises(fxviews.TracingError):
+        fxviews.transform(fails, strict=True)(torch.randn(2, 3), torch.randn(2, 3))
+    _eager_still_works()
+
+
+def test_closures_over_parameters_trace_and_explain():
+    w = torch.randn(3, 3)
+    x = torch.randn(4, 3)
+    for fn in (
+        lambda x: jvp(lambda a: (a @ w).tanh(), (x,), (x,)),
+        lambda x: grad(lambda a: (a @ w).tanh().sum())(x),
+    ):
+        gm = fxviews.trace(fn, x)
+        assert_tree_close(gm(x), fn(x))
+        assert_tree_close(fxviews.explain(fn, x).graph_module(x), fn(x))
+
+
+def test_modules_trace_and_gradients_reach_their_parameters():
+    module = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.ReLU(inplace=True))
+    x = torch.randn(5, 3)
+    gm = fxviews.trace(module, x)
+    gm(x).sum().backward()
+    expected = [p.grad.clone() for p in module.parameters()]
+    for p in module.parameters():
+        p.grad = None
+    module(x).sum().backward()
+    for got, want in zip(expected, (p.grad for p in module.parameters())):
+        torch.testing.assert_close(got, want)
+
+
+def test_in_place_updates_reach_buffers():
+    bn = nn.BatchNorm1d(3).train()
+    x = torch.randn(5, 3)
+    gm = fxviews.trace(bn, x)
+    assert torch.equal(bn.running_mean, torch.zeros(3))  # tracing does not update it
+    gm(x)
+    reference = nn.BatchNorm1d(3).train()
+    reference(x)
+    torch.testing.assert_close(bn.running_mean, reference.running_mean)
+
+
+def test_explain_of_jacfwd_with_default_arguments():
+    def scaled(x, scale=2.0):
+        return (x * scale).sin().sum()
+
+    x = torch.randn(3)
+    result = fxviews.explain(jacfwd(scaled), x)
+    torch.testing.assert_close(result.graph_module(x), jacfwd(scaled)(x))
+
+
+def test_trace_keeps_partial_and_module_names_in_errors():
+    with pytest.raises(fxviews.TracingError, match=r"partial\(branchy\)"):
+        fxviews.trace(functools.partial(branchy), torch.ones(2))
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return branchy(x)
+
+    with pytest.raises(fxviews.TracingError, match="Branchy"):
+        fxviews.trace(Branchy(), torch.ones(2))
+
+
+def test_tracing_does_not_write_closed_over_buffers_in_fake_mode():
+    """make_fx runs ops on real constants for real, even in fake mode: undone after tracing."""
+    counter = torch.zeros(3)
+
+    def counts(x):
+        counter.add_(1)
+        return x * 2
+
+    fxviews.trace(counts, torch.randn(3))
+    assert torch.equal(counter, torch.zeros(3))
+    fxviews.transform(counts)(torch.randn(3))  # traced once, run once: as eager
+    assert torch.equal(counter, torch.ones(3))
