@@ -25,6 +25,7 @@ from torch.fx import GraphModule
 
 from fxviews.printouts import report_rewrite
 from fxviews.rewriting import rewrite_in_place
+from fxviews.tracing import tracing_lock
 
 #: What an inner compiler returns: a function of the graph's inputs (boxed or not).
 CompiledFn = Callable[..., Any]
@@ -140,9 +141,7 @@ def _aot_backend(
         keep_inference_input_mutations=True,
         decompositions=decompositions,
     )
-    # torch.compile names the backend after __name__ in its logs and errors.
-    lower.__name__ = f"fxviews_{inner_name}"
-    return lower
+    return _serialized(lower, f"fxviews_{inner_name}")
 
 
 def _inductor_backend(
@@ -179,7 +178,23 @@ def _inductor_backend(
                 decompositions=decompositions,
             )
 
-    return fxviews_inductor
+    return _serialized(fxviews_inductor, "fxviews_inductor")
+
+
+def _serialized(compile_fn: Backend, name: str) -> Backend:
+    """``compile_fn`` under the process-wide tracing lock that ``transform`` and ``trace`` hold.
+
+    AOTAutograd traces torch.func code much as fxviews' tracer does, and the two must not run
+    in two threads at once (forward-AD levels and dispatch modes are process-wide).
+    """
+
+    def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        with tracing_lock:
+            return compile_fn(gm, example_inputs)
+
+    # torch.compile names the backend after __name__ in its logs and errors.
+    serialized.__name__ = name
+    return serialized
 
 
 def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:

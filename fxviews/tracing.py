@@ -220,6 +220,13 @@ def _fake_examples(args: Sequence[Any], mode: FakeTensorMode, fresh: bool) -> li
     return [pytree.tree_map(convert, arg) for arg in args]
 
 
+_DATA_DEPENDENT = (
+    GuardOnDataDependentSymNode,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+
+
 class _TensorBranch(RuntimeError):
     """Python control flow asked for the truth value of a tensor while tracing."""
 
@@ -253,9 +260,7 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
             f"torch.cond instead. ({err})",
             "control flow",
         ) from err
-    if isinstance(
-        err, (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
-    ):
+    if isinstance(err, _DATA_DEPENDENT):
         raise TracingError(
             f"{prefix}: a shape, index or Python number in it is computed from tensor values "
             f"(e.g. `x[:int(x.sum())]` or `torch.nonzero`), which one graph cannot capture "
@@ -334,7 +339,8 @@ def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
                 storage.clone()
             )
         copy = torch.empty(0, dtype=value.dtype, device=value.device)
-        copy.set_(copies[key].untyped_storage(), value.storage_offset(), value.shape, value.stride())
+        offset, shape, stride = value.storage_offset(), value.shape, value.stride()
+        copy.set_(copies[key].untyped_storage(), offset, shape, stride)
         return copy.requires_grad_() if value.requires_grad else copy
 
     return [pytree.tree_map(convert, arg) for arg in args]

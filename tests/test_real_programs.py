@@ -204,7 +204,8 @@ def _resnet() -> Program:
 
 
 def _shuffle() -> Program:
-    return Program("channel_shuffle", channel_shuffle, lambda s: (_randn(4, 3, 5, seed=s),), (True,))
+    sample = lambda s: (_randn(4, 3, 5, seed=s),)  # noqa: E731
+    return Program("channel_shuffle", channel_shuffle, sample, (True,))
 
 
 def _swin() -> Program:
@@ -221,7 +222,8 @@ def _kv_cache() -> Program:
     step = _init(DecoderStep(dim=8, heads=2), seed=4)
 
     def sample(seed: int) -> tuple[Any, ...]:
-        return (_randn(8, seed=seed), _randn(2, 6, 4, seed=seed + 1), _randn(2, 6, 4, seed=seed + 2))
+        caches = (_randn(2, 6, 4, seed=seed + 1), _randn(2, 6, 4, seed=seed + 2))
+        return (_randn(8, seed=seed), *caches)
 
     return Program(
         "kv_cache_step",

@@ -1,0 +1,158 @@
+"""Transformed functions called from many threads at once, cold cache and warm.
+
+Tracing torch.func code is not reentrant across threads (forward-AD levels and dispatch modes
+are process-wide); a transformed function serializes its traces and leaves cached calls
+lock-free. References are closed forms computed in the test, independent of fxviews.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+from torch.func import grad, vmap
+
+import fxviews
+from fxviews.examples import push_jvp
+
+THREADS = 4
+SIZES = (2, 3, 4, 5, 6)
+
+
+def push_jvp_expected(x, y, yt):
+    """``push_jvp`` in closed form: primals (y[0], y), tangents (yt[0], yt)."""
+    return (y[0], y), (yt[0], yt)
+
+
+def sum_of_squares_grad(x):
+    return grad(lambda a: a.pow(2).sum())(x)
+
+
+def batched_row_norms(x):
+    return vmap(lambda row: row.norm())(x)
+
+
+CASES: list[tuple[Callable[..., Any], Callable[[int, int], tuple], Callable[..., Any]]] = [
+    (push_jvp, lambda n, s: tuple(_randn((n, 6), s + i) for i in range(3)), push_jvp_expected),
+    (sum_of_squares_grad, lambda n, s: (_randn((n, 3), s),), lambda x: 2 * x),
+    (batched_row_norms, lambda n, s: (_randn((n, 4), s),), lambda x: x.pow(2).sum(1).sqrt()),
+]
+
+
+def _randn(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _hammer(work: Callable[[int, int], None], calls_per_thread: int) -> list[BaseException]:
+    """Run ``work(thread, call)`` from THREADS threads at once; the errors they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+
+    def worker(thread: int) -> None:
+        start.wait()
+        for call in range(calls_per_thread):
+            try:
+                work(thread, call)
+            except BaseException as err:  # noqa: BLE001 - collected and asserted on
+                errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def _check_case(transformed, make_args, expected, thread: int, call: int) -> None:
+    n = SIZES[(thread + call) % len(SIZES)]
+    args = make_args(n, 100 * thread + call)
+    torch.testing.assert_close(transformed(*args), expected(*args))
+
+
+def test_cold_cache_many_threads_mixed_signatures():
+    transformed = [fxviews.transform(fn) for fn, _, _ in CASES]
+
+    def work(thread: int, call: int) -> None:
+        index = (thread + call) % len(CASES)
+        _, make_args, expected = CASES[index]
+        _check_case(transformed[index], make_args, expected, thread, call)
+
+    assert _hammer(work, calls_per_thread=12) == []
+    for tf in transformed:
+        info = tf.cache_info()
+        assert info.misses == info.currsize <= len(SIZES)  # each signature traced exactly once
+
+
+def test_warm_cache_many_threads():
+    fn, make_args, expected = CASES[0]
+    tf = fxviews.transform(fn)
+    for n in SIZES:
+        tf(*make_args(n, 0))
+    assert _hammer(
+        lambda thread, call: _check_case(tf, make_args, expected, thread, call),
+        calls_per_thread=50,
+    ) == []
+    assert tf.cache_info().misses == len(SIZES)
+
+
+def test_threads_missing_on_one_signature_trace_it_once():
+    fn, make_args, expected = CASES[0]
+    tf = fxviews.transform(fn)
+    assert _hammer(lambda thread, call: _check_case(tf, make_args, expected, 0, 0), 3) == []
+    assert tf.cache_info().misses == 1
+
+
+def test_eager_jvp_is_not_thread_safe_but_the_transformed_function_is():
+    """Keeps the README's claim measured: eager torch.func.jvp from several threads errs or
+    returns wrong tangents (forward-AD levels are process-wide); the transformed graph holds
+    plain aten ops and does not."""
+    fn, make_args, expected = CASES[0]
+    deadline = time.monotonic() + 10.0
+    eager_failures: list[BaseException] = []
+
+    def eager_work(thread: int, call: int) -> None:
+        while not eager_failures and time.monotonic() < deadline:
+            args = make_args(SIZES[thread % len(SIZES)], thread)
+            try:
+                torch.testing.assert_close(jvp_eager(*args), expected(*args))
+            except (RuntimeError, AssertionError) as err:
+                eager_failures.append(err)
+
+    def jvp_eager(x, y, yt):
+        return fn(x, y, yt)
+
+    _hammer(eager_work, calls_per_thread=1)
+    assert eager_failures, "eager torch.func.jvp survived 10 s of concurrent calls"
+
+    tf = fxviews.transform(fn)
+    assert _hammer(
+        lambda thread, call: _check_case(tf, make_args, expected, thread, call),
+        calls_per_thread=200,
+    ) == []
+
+
+
+def test_trace_and_explain_in_threads():
+    fn, make_args, expected = CASES[0]
+
+    def work(thread: int, call: int) -> None:
+        args = make_args(SIZES[(thread + call) % len(SIZES)], thread)
+        gm = fxviews.explain(fn, *args).graph_module if call % 2 else fxviews.trace(fn, *args)
+        torch.testing.assert_close(gm(*args), list(map(list, expected(*args))))
+
+    assert _hammer(work, calls_per_thread=4) == []
+
+
+def test_backend_compiles_in_threads():
+    torch._dynamo.reset()
+    compiled = torch.compile(push_jvp, backend="fxviews")
+    _, make_args, expected = CASES[0]
+
+    def work(thread: int, call: int) -> None:
+        args = make_args(SIZES[thread % 2], call)
+        torch.testing.assert_close(compiled(*args), expected(*args))
+
+    assert _hammer(work, calls_per_thread=3) == []
