@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
+    FakeTensorDeviceMismatchError,
     FakeTensorMode,
 )
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -154,6 +155,12 @@ def capture(
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
+        if not _is_fake_mode_limitation(fake_error):
+            raise TracingError(
+                f"{caller} could not trace {name} ({type(fake_error).__name__}: "
+                f"{_first_line(fake_error)})",
+                "untraceable",
+            ) from fake_error
         gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {_first_line(fake_error)})"
         return gm
@@ -273,6 +280,19 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
             f"not one of its arguments (captured by a closure?). Pass that tensor as an argument.",
             "closure over a transformed tensor",
         ) from err
+
+
+def _is_fake_mode_limitation(err: Exception) -> bool:
+    """Whether ``err`` is one of the fake-mode failures a real-mode trace is known to get past.
+
+    An allowlist, not a guess: any other failure (``.numpy()``, say, which a real trace would
+    turn into a constant of the example's values) must not reach real mode.
+    """
+    if isinstance(err, FakeTensorDeviceMismatchError):
+        return True  # forward AD through layer_norm/batch_norm: meta and cpu tangents
+    text = str(err)
+    # Forward AD's _fw_primal/_make_dual reach their inference-only native stubs on fakes.
+    return isinstance(err, RuntimeError) and "InferenceMode::is_enabled()" in text
 
 
 # --- real mode -------------------------------------------------------------------------------
@@ -414,6 +434,8 @@ class _TraceGuard(TorchDispatchMode):
         self._owned: set[int] = set()
         self._own(inputs)
         self._saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        # In-place metadata changes (t_, squeeze_, as_strided_) of foreign tensors, by tensor.
+        self._layouts: dict[int, tuple[torch.Tensor, torch.Size, tuple[int, ...], int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -435,17 +457,26 @@ class _TraceGuard(TorchDispatchMode):
 
     def _snapshot_if_foreign(self, tensor: torch.Tensor) -> None:
         key = _storage_key(tensor)
-        if key is None or key in self._owned or key in self._saved:
+        if key is None or key in self._owned:
             return
-        storage = tensor.untyped_storage()
-        with _disable_current_modes(), torch.no_grad():
-            self._saved[key] = (storage, storage.clone())
+        layout = (tensor, tensor.shape, tensor.stride(), tensor.storage_offset())
+        self._layouts.setdefault(id(tensor), layout)
+        if key not in self._saved:
+            storage = tensor.untyped_storage()
+            with _disable_current_modes(), torch.no_grad():
+                self._saved[key] = (storage, storage.clone())
 
     def restore_foreign_writes(self) -> None:
         with _disable_current_modes(), torch.no_grad():
+            for tensor, shape, stride, offset in self._layouts.values():
+                if (tensor.shape, tensor.stride(), tensor.storage_offset()) != (
+                    shape, stride, offset
+                ):
+                    tensor.as_strided_(shape, stride, offset)
             for storage, saved in self._saved.values():
                 storage.copy_(saved)
         self._saved.clear()
+        self._layouts.clear()
 
 
 def _storage_key(value: Any) -> int | None:

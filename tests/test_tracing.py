@@ -213,3 +213,35 @@ def test_tracing_does_not_write_closed_over_buffers_in_fake_mode():
     assert torch.equal(counter, torch.zeros(3))
     fxviews.transform(counts)(torch.randn(3))  # traced once, run once: as eager
     assert torch.equal(counter, torch.ones(3))
+
+
+def reads_values_in_numpy(x):
+    return torch.from_numpy(x.numpy() * 2) + x
+
+
+def test_no_real_mode_for_failures_it_would_bake_in():
+    """Fake mode cannot run .numpy(); a real trace would make the example's values a constant.
+    Only known fake-mode limitations go to real mode: this one is untraceable, and transform
+    runs it eagerly instead, with eager's values for every input."""
+    with pytest.raises(fxviews.TracingError, match="reads_values_in_numpy") as info:
+        fxviews.trace(reads_values_in_numpy, torch.randn(3))
+    assert info.value.cause == "untraceable"
+    _eager_still_works()
+    tf = fxviews.transform(reads_values_in_numpy)
+    for _ in range(2):
+        x = torch.randn(3)
+        assert torch.equal(tf(x), reads_values_in_numpy(x))
+    assert tf.cache_info().eager == 1
+
+
+def test_failed_trace_undoes_metadata_changes_of_closed_over_tensors():
+    weight = torch.randn(2, 3)
+
+    def transposes(x):
+        weight.t_()
+        return x * 2
+
+    with pytest.raises(fxviews.TracingError):
+        fxviews.trace(transposes, torch.randn(3))
+    assert weight.shape == (2, 3) and weight.stride() == (3, 1)
+    _eager_still_works()
