@@ -31,6 +31,8 @@ needed; ``fxviews.rewrite`` carries it into its result and printout.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import threading
 from typing import Any, Callable, Iterator, Sequence
@@ -143,7 +145,7 @@ def capture(
     values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
     messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
-    call = _positional(fn)
+    call = _positional(fn, len(args))
     with tracing_lock:
         mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
@@ -176,9 +178,19 @@ def function_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
-    # make_fx reads fn's signature to count its inputs: a function with defaults, or one
-    # wrapped by functools.wraps (jacfwd, grad), would be asked for arguments it was not given.
+def _positional(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
+    """``fn``, or a ``*args`` wrapper of it where make_fx would miscount its inputs.
+
+    make_fx reads the signature of the innermost wrapped function to name and count the
+    graph's inputs: a function with defaults, or one wrapped by functools.wraps (``jacfwd``,
+    ``grad``), would be asked for arguments it was not given. Functions whose positional
+    parameters match ``args`` are traced as they are, so the inputs keep their names.
+    """
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is not None and code.co_argcount == count and not code.co_kwonlyargcount:
+        if not code.co_flags & inspect.CO_VARARGS:
+            return fn
+
     def call(*args: Any) -> Any:
         return fn(*args)
 
@@ -407,6 +419,8 @@ def _make_fx_guarded(
 ) -> torch.fx.GraphModule:
     """make_fx ``call`` with ``guard`` active inside it; foreign writes undone in any case."""
 
+    # wraps: make_fx names the graph's inputs after the innermost wrapped function's parameters.
+    @functools.wraps(call)
     def guarded(*inputs: Any) -> Any:
         with guard:
             return call(*inputs)
