@@ -152,6 +152,7 @@ def capture(
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
                 gm = _make_fx_guarded(call, fake_args, "fake", _TraceGuard(fake_args))
+            _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = "fake mode"
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
@@ -294,14 +295,48 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
         ) from err
 
 
+class _MetaDeviceLeak(RuntimeError):
+    """A fake-mode graph computes a live value on the meta device its inputs are not on."""
+
+
+def _check_no_meta_leak(gm: torch.fx.GraphModule) -> None:
+    """Refuse a fake-mode graph whose result depends on a value recorded on the meta device.
+
+    Fake tensors live on the meta device inside C++. Kernels that pick an output device from
+    their inputs' (the efficient zero tensors of forward AD: ``_efficientzerotensor``,
+    ``_to_copy``) then record ``device=meta`` in the graph, which would return meta tensors.
+    Dead meta computations (shape checks) are harmless and left to the dead-code step.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(_on_meta(n) for n in placeholders):
+        return
+    live, pending = set(), [gm.graph.output_node()]
+    while pending:
+        node = pending.pop()
+        if node in live:
+            continue
+        live.add(node)
+        if _on_meta(node):
+            raise _MetaDeviceLeak(
+                f"fake mode recorded {node.format_node()} on the meta device, and the graph's "
+                "result depends on it"
+            )
+        pending += node.all_input_nodes
+
+
+def _on_meta(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+
+
 def _is_fake_mode_limitation(err: Exception) -> bool:
     """Whether ``err`` is one of the fake-mode failures a real-mode trace is known to get past.
 
     An allowlist, not a guess: any other failure (``.numpy()``, say, which a real trace would
     turn into a constant of the example's values) must not reach real mode.
     """
-    if isinstance(err, FakeTensorDeviceMismatchError):
-        return True  # forward AD through layer_norm/batch_norm: meta and cpu tangents
+    if isinstance(err, (FakeTensorDeviceMismatchError, _MetaDeviceLeak)):
+        return True  # forward AD's zero tangents through layer_norm/batch_norm
     text = str(err)
     # Forward AD's _fw_primal/_make_dual reach their inference-only native stubs on fakes.
     return isinstance(err, RuntimeError) and "InferenceMode::is_enabled()" in text

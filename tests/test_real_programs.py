@@ -309,9 +309,32 @@ def _norm_hessian() -> Program:
     )
 
 
+def _jvp_view_then_norm() -> Program:
+    """The as_strided case and the fake-mode limitation at once: a view of a base overwritten
+    in place (forward AD gives the view its tangent through as_strided), then LayerNorm."""
+    norm = _init(nn.LayerNorm(6), seed=14)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        base = x.clone()
+        row = base[1]
+        base.copy_(y)
+        return norm(row), norm(base)
+
+    def push(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+        return jvp(functools.partial(f, x), (y,), (yt,))
+
+    return Program(
+        "jvp_view_then_norm",
+        push,
+        lambda s: (_randn(3, 6, seed=s), _randn(3, 6, seed=s + 1), _randn(3, 6, seed=s + 2)),
+        (True, True, True),
+    )
+
+
 PROGRAMS = [
     _resnet(), _shuffle(), _swin(), _vit(), _kv_cache(), _boxes(), _per_sample_grads(),
     _ensemble(), _norm_jvp(), _resnet_jvp(), _norm_jacfwd(), _norm_hessian(),
+    _jvp_view_then_norm(),
 ]
 
 
@@ -368,6 +391,14 @@ BATCH_DIMS = [0, 1, -1]
 CASES = [pytest.param(p, bd, id=f"{p.name}-bd={bd}") for p in PROGRAMS for bd in BATCH_DIMS]
 
 
+def test_the_as_strided_case_is_traced_in_real_mode_and_rewritten() -> None:
+    program = _jvp_view_then_norm()
+    args = program.sample(0)
+    result = fxviews.explain(program.fn, *args)
+    assert result.traced_with is not None and result.traced_with.startswith("real mode")
+    assert [r.method for r in result.records] == ["provenance"]
+
+
 @pytest.mark.parametrize("program, bd", CASES)
 def test_transform_matches_eager_per_sample(program: Program, bd: int) -> None:
     tf = fxviews.transform(program.fn, strict=True)
@@ -387,6 +418,8 @@ _DYNAMO_CANNOT = {
     ("jacfwd_layer_norm", bd) for bd in BATCH_DIMS
 } | {
     ("hessian_norm_mlp", bd) for bd in BATCH_DIMS
+} | {
+    ("jvp_view_then_norm", bd) for bd in BATCH_DIMS
 } | {("box_decode", 1)}
 
 
