@@ -35,6 +35,7 @@ import torch
 from tabulate import tabulate
 
 import fxviews
+from fxviews.cli import positive_int
 from fxviews.examples import f, push_jvp, seed_args
 from fxviews.rewriting import rewrite_in_place
 
@@ -419,7 +420,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="fewer repeats, no 100k-node graph, no Inductor: under a minute")
     parser.add_argument("--json", metavar="PATH", help="also write every table to PATH as JSON")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch intra-op threads (default 1: timings independent of load)")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help=f"comma-separated subset of {','.join(ROWS)} (default: all)")

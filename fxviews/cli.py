@@ -24,7 +24,23 @@ import fxviews
 from fxviews.examples import f, push_jvp, seed_args
 from fxviews.printouts import DEFAULT_WIDTH, format_result
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts: a usage error, not a traceback, for 0 or less.
+
+    Example::
+
+        >>> parser.add_argument("--batch-size", type=positive_int, default=5)
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,6 +54,13 @@ _IN_DIMS = (1, 2, 2)
 def _largest_error(actual: Any, expected: Any) -> float:
     pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))
     return max(float((a - e).abs().max()) for a, e in pairs)
+
+
+def _printout_width(text: str) -> int:
+    width = positive_int(text)
+    if width < 60:
+        raise argparse.ArgumentTypeError(f"the printout needs 60 columns or more, got {width}")
+    return width
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -100,10 +123,13 @@ def _register_demo(subparsers: Any) -> None:
             "rewritten graph does not match."
         ),
     )
-    parser.add_argument("--batch-size", type=int, default=5, help="vmap batch size (default 5)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=5, help="vmap batch size (default 5)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--width", type=int, default=DEFAULT_WIDTH, help="printout width (default %(default)s)"
+        "--width", type=_printout_width, default=DEFAULT_WIDTH,
+        help="printout width, 60 or more (default %(default)s)",
     )
     parser.set_defaults(handler=_run_demo)
 

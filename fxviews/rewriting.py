@@ -45,6 +45,12 @@ class RewriteResult:
     def code_after(self) -> str:
         return self.graph_module.code
 
+    def __repr__(self) -> str:
+        # What a REPL shows: the summary line, not a dataclass dump of graphs and code.
+        from fxviews.printouts import format_summary
+
+        return f"<RewriteResult {format_summary(self)}; print() it for the table and diff>"
+
     def __str__(self) -> str:
         from fxviews.printouts import format_result
 

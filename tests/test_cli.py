@@ -52,7 +52,17 @@ def test_every_registered_command_is_listed_in_help(capsys):
         assert command in out
 
 
-@pytest.mark.parametrize("argv", [[], ["nope"], ["demo", "--batch-size", "many"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["nope"],
+        ["demo", "--batch-size", "many"],
+        ["demo", "--batch-size", "0"],
+        ["demo", "--width", "20"],
+        ["bench", "--threads", "0"],
+    ],
+)
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)

@@ -215,3 +215,12 @@ def test_printout_shows_the_reshape_step_of_a_real_graph():
     assert "reshape(clone, [-1])" in text
     assert "view 1 rewritten (reshape 1), 0 kept" in text
     assert "+    reshape_default = torch.ops.aten.reshape.default(clone, [-1])" in text
+
+
+def test_repr_is_the_summary_not_a_dataclass_dump():
+    from fxviews.examples import push_jvp, seed_args
+
+    result = fxviews.explain(push_jvp, *seed_args())
+    shown = repr(result)
+    assert shown.startswith("<RewriteResult fxviews: as_strided 1 rewritten (provenance 1)")
+    assert "graph_module=" not in shown and "print()" in shown
