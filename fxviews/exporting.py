@@ -121,7 +121,9 @@ def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str
     }
 
 
-def _remap_signature(signature: ExportGraphSignature, graph: torch.fx.Graph) -> ExportGraphSignature:
+def _remap_signature(
+    signature: ExportGraphSignature, graph: torch.fx.Graph
+) -> ExportGraphSignature:
     """``signature`` with each output spec naming the value now returned at its position."""
     returned = _returned(graph)
     if len(returned) != len(signature.output_specs):
