@@ -224,3 +224,25 @@ def test_caller_state_is_shared_not_copied(rewritten):
     program, result = rewritten["stateful"]
     assert result.exported_program.state_dict["weight"] is program.state_dict["weight"]
     assert result.exported_program.state_dict is not program.state_dict
+
+
+class _Inner(torch.nn.Module):
+    def forward(self, x):
+        return x.t().as_strided((2, 3), (1, 2), 1)
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x):
+        return self.inner(x * 2) + 1
+
+
+def test_preserved_call_signature_naming_a_rewritten_node_is_refused():
+    program = torch.export.export(
+        _Outer(), (torch.randn(4, 2),), preserve_module_call_signature=("inner",)
+    )
+    with pytest.raises(fxviews.FxViewsError, match="preserved call signature of module 'inner'"):
+        fxviews.rewrite(program)
