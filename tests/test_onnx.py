@@ -45,10 +45,7 @@ def _plain(module: torch.nn.Module, args: tuple[torch.Tensor, ...], **options):
     return torch.onnx.export(program, dynamo=True, verbose=False)
 
 
-ONNX_CASES = [case for case in CASES if not case.kept]
-
-
-@pytest.mark.parametrize("case", ONNX_CASES, ids=[case.name for case in ONNX_CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_export_onnx_gives_eager_values(case):
     args = _sample(case)
     onnx_program = fxviews.export_onnx(_module(case), args)
@@ -71,14 +68,20 @@ def test_plain_onnx_export_is_wrong_or_fails(name):
         assert_tree_close(actual, _eager(_module(case), args))
 
 
-def test_kept_scatter_fails_loudly_in_both_exports():
-    """ONNX has no lowering for as_strided_scatter, which fxviews keeps here: an error."""
+def test_plain_onnx_export_of_the_kept_scatter_fails():
+    """ONNX has no lowering for as_strided_scatter; export_onnx brings its own (above)."""
     case = CASE_BY_NAME["backward_scatter"]
-    args = _sample(case)
-    with pytest.raises(Exception, match="ONNX"):
-        _plain(_module(case), args)
-    with pytest.raises(Exception, match="ONNX"):
-        fxviews.export_onnx(_module(case), args)
+    with pytest.raises(Exception, match="as_strided_scatter"):
+        _plain(_module(case), _sample(case))
+
+
+def _scatter_into_transpose(x, src):
+    return (x * 2).t().as_strided_scatter(src, (2, 2), (1, 2), 1)
+
+
+def test_kept_scatter_on_a_transposed_input_is_refused():
+    with pytest.raises(fxviews.FxViewsError, match="not provably contiguous"):
+        fxviews.export_onnx(_scatter_into_transpose, (torch.randn(4, 2), torch.randn(2, 2)))
 
 
 def _dynamic_window(x):
@@ -141,3 +144,25 @@ def test_strict_refuses_a_kept_node():
             dynamic_shapes=({0: Dim("n", min=3, max=64)},),
             strict=True,
         )
+
+
+def _past_the_slice(x):
+    return x[:2].as_strided((3,), (1,), 6)  # reads the third row through a view of two
+
+
+def test_node_reading_past_its_input_is_refused():
+    x = torch.randn(4, 3)
+    plain = _plain(_Module(_past_the_slice), (x,))
+    with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument):
+        _onnxruntime(plain, (x,))
+    with pytest.raises(fxviews.FxViewsError, match="reads past its input"):
+        fxviews.export_onnx(_past_the_slice, (x,))
+
+
+def _overlapping_scatter(x, src):
+    return (x + 1).as_strided_scatter(src, (2, 2), (1, 1))  # writes element 1 twice
+
+
+def test_kept_scatter_writing_an_element_twice_is_refused():
+    with pytest.raises(fxviews.FxViewsError, match="twice"):
+        fxviews.export_onnx(_overlapping_scatter, (torch.randn(4), torch.randn(2, 2)))
