@@ -186,6 +186,11 @@ def test_dynamic_window_keeps_symbolic_node_and_is_right_at_other_sizes():
         assert_tree_close(loaded.module()(x), DynamicWindow()(x), msg=f"n={size}")
     with pytest.raises(fxviews.UnsafeAsStridedError, match="symbolic"):
         fxviews.rewrite(program, strict=True)
+    # The kept node is layout-bound, but vmap never reaches it: PyTorch has no batching rule
+    # for the sym_size the program reads (an error, not a wrong number).
+    samples = make_samples([(8, 3)], BATCH, seed=4)
+    with pytest.raises(RuntimeError, match="sym_size"):
+        vmap(loaded.module(), in_dims=(1,))(*stack_batched(samples, (1,)))
 
 
 def test_jvp_with_dynamic_batch_keeps_nodes_and_matches_eager():
@@ -246,3 +251,22 @@ def test_preserved_call_signature_naming_a_rewritten_node_is_refused():
     )
     with pytest.raises(fxviews.FxViewsError, match="preserved call signature of module 'inner'"):
         fxviews.rewrite(program)
+
+
+class _InputMutation(torch.nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x[:, 1:].as_strided((3, 2), (4, 1), 1)
+
+
+def test_user_input_mutation_is_remapped_and_applied():
+    (x,) = make_samples([(3, 4)], 1, seed=6)[0]
+    program = torch.export.export(_InputMutation(), (x.clone(),))
+    result = fxviews.rewrite(program)
+    kinds = [s.kind for s in result.exported_program.graph_signature.output_specs]
+    assert kinds == [OutputKind.USER_INPUT_MUTATION, OutputKind.USER_OUTPUT]
+    assert [r.method for r in result.records] == ["synthesized"]
+    module = _round_trip(result.exported_program).module()
+    mine, theirs = x.clone(), x.clone()
+    assert_tree_close(module(mine), _InputMutation()(theirs))
+    assert_tree_close(mine, theirs)
