@@ -245,6 +245,15 @@ class _Outer(torch.nn.Module):
         return self.inner(x * 2) + 1
 
 
+def test_unflattened_rewritten_program_keeps_submodules_and_values():
+    x = torch.randn(4, 2)
+    result = fxviews.rewrite(torch.export.export(_Outer(), (x,)))
+    assert [r.method for r in result.records] == ["synthesized"]
+    unflattened = torch.export.unflatten(result.exported_program)
+    assert hasattr(unflattened, "inner")
+    assert_tree_close(unflattened(x), _Outer()(x))
+
+
 def test_preserved_call_signature_naming_a_rewritten_node_is_refused():
     program = torch.export.export(
         _Outer(), (torch.randn(4, 2),), preserve_module_call_signature=("inner",)
