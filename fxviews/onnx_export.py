@@ -96,8 +96,8 @@ def _export(
                 "an ExportedProgram has its inputs and dynamic shapes already; pass it alone"
             )
         return model
-    if isinstance(model, torch.fx.GraphModule) and dynamic_shapes is not None:
-        # A traced graph holds the sizes of its example (slice ends, view shapes); exporting it
+    if dynamic_shapes is not None and _traced_on_an_example(model):
+        # Such a graph holds the sizes of its example (slice ends, view shapes); exporting it
         # with dynamic dims would reuse them for every size, silently.
         raise FxViewsError(
             "a traced GraphModule has its example's sizes baked in and cannot be exported with "
@@ -105,7 +105,9 @@ def _export(
         )
     if not isinstance(model, torch.nn.Module):
         if not callable(model):
-            raise TypeError(f"export_onnx expects a module or function, got {type(model)}")
+            raise TypeError(
+                f"export_onnx expects a module or function, got {type(model).__name__}"
+            )
         model = _Function(model)
         if dynamic_shapes is not None:
             # The wrapper takes *args: its one parameter holds the per-argument specs.
@@ -116,6 +118,16 @@ def _export(
                 )
             dynamic_shapes = (tuple(dynamic_shapes),)
     return torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
+
+
+def _traced_on_an_example(model: Any) -> bool:
+    """A GraphModule traced on example tensors (make_fx, fxviews.trace): concrete shapes."""
+    if not isinstance(model, torch.fx.GraphModule):
+        return False
+    values = [node.meta.get("val") for node in model.graph.find_nodes(op="placeholder")]
+    return any(
+        isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in values
+    )
 
 
 def _check_onnx_exact(node: torch.fx.Node) -> None:
