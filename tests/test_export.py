@@ -193,6 +193,15 @@ def test_dynamic_window_keeps_symbolic_node_and_is_right_at_other_sizes():
         vmap(loaded.module(), in_dims=(1,))(*stack_batched(samples, (1,)))
 
 
+def test_static_rewrite_exported_with_a_dim_is_wrong_so_export_first():
+    """Why the dims come first: a graph traced at n = 8 keeps n = 8's slice end for n = 13."""
+    n = Dim("n", min=7, max=64)  # export's own bound for the slice
+    static = fxviews.rewrite(fxviews.trace(DynamicWindow(), torch.randn(8, 3))).graph_module
+    program = torch.export.export(static, (torch.randn(8, 3),), dynamic_shapes=({0: n},))
+    x = torch.randn(13, 3)
+    assert program.module()(x).shape == (2, 7) != DynamicWindow()(x).shape
+
+
 def test_jvp_with_dynamic_batch_keeps_nodes_and_matches_eager():
     b = Dim("b", min=2, max=16)
     program = torch.export.export(
