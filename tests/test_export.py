@@ -139,9 +139,12 @@ def test_buffer_mutation_is_kept_and_applied(rewritten):
 def test_already_decomposed_program_is_not_decomposed_again():
     program = torch.export.export(JvpModule(), make_samples([(2, 6)] * 3, 1, seed=1)[0])
     decomposed = program.run_decompositions()
+    code, signature = decomposed.graph_module.code, str(decomposed.graph_signature)
     result = fxviews.rewrite(decomposed)
     assert not result.decomposed
     assert [r.method for r in result.records] == ["provenance"]
+    assert decomposed.graph_module.code == code and str(decomposed.graph_signature) == signature
+    assert result.graph_module.code != code
 
 
 def test_strict_raises_for_kept_node_and_example_inputs_are_refused():
