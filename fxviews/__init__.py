@@ -1,10 +1,12 @@
 """fxviews: make traced torch.func graphs layout-portable by rewriting as_strided into views.
 
 Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :func:`transform`,
-:func:`backend`. The engine is :mod:`fxviews.passes` (top-level ``passes/`` in the repository).
+:func:`backend`, :func:`export_onnx`. The engine is :mod:`fxviews.passes` (top-level ``passes/``
+in the repository).
 """
 from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
 from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
+from fxviews.onnx_export import export_onnx
 from fxviews.rewriting import RewriteResult, rewrite
 from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform
@@ -17,6 +19,7 @@ __all__ = [
     "UnsafeAsStridedError",
     "backend",
     "explain",
+    "export_onnx",
     "rewrite",
     "trace",
     "transform",

@@ -58,7 +58,7 @@ class RewriteResult:
 
 
 def rewrite(
-    gm: torch.fx.GraphModule,
+    gm: torch.fx.GraphModule | torch.export.ExportedProgram,
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
@@ -71,6 +71,8 @@ def rewrite(
     (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
+    An ``ExportedProgram`` gives a new, validated one in ``result.exported_program``
+    (:mod:`fxviews.exporting`).
 
     Example::
 
@@ -78,8 +80,15 @@ def rewrite(
         >>> [r.method for r in res.records]
         ['provenance']
     """
+    if isinstance(gm, torch.export.ExportedProgram):  # a new program, see fxviews.exporting
+        from fxviews.exporting import rewrite_exported
+
+        return rewrite_exported(gm, strict, reshape_views, example_inputs)
     if not isinstance(gm, torch.fx.GraphModule):
-        raise TypeError(f"fxviews.rewrite expects a torch.fx.GraphModule, got {type(gm).__name__}")
+        raise TypeError(
+            "fxviews.rewrite expects a torch.fx.GraphModule or torch.export.ExportedProgram, "
+            f"got {type(gm).__name__}"
+        )
     start = time.perf_counter()
     # A new module over a copy of the graph: the caller's graph stays as it was, while
     # parameters, buffers and tensor constants stay shared (gradients still reach them).

@@ -156,7 +156,9 @@ class AsStridedToViews(PassBase):
     def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
         call, problem = _parse(node)
         if call is None:
-            return Record(node.name, node.format_node(), "", "kept", problem)
+            name = as_strided_op(node).__name__.split(".")[0]
+            arguments = ", ".join(map(str, (*node.args, *node.kwargs.values())))
+            return Record(node.name, f"{name}({arguments})", "", "kept", problem)
         graph, position = context.graph, context.position
         if call.op is aten.as_strided_.default:
             later = [u for u in call.source.users if position[u] > position[node]]

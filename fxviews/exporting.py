@@ -1,0 +1,174 @@
+"""``fxviews.rewrite`` for ``torch.export`` programs: a new ExportedProgram, signature kept valid.
+
+Note [Rewriting an ExportedProgram]
+-----------------------------------
+An ExportedProgram is a graph plus a signature naming its placeholders (user inputs, lifted
+parameters, buffers, constants) and, in order, what its output node returns (user outputs,
+buffer and user-input mutations). The rewrite keeps that contract:
+
+1. IR. torch.export's default IR (dialect ``TRAINING``) keeps forward AD and autograd as ops
+   (``_make_dual``, ``_unpack_dual``): the as_strided they produce only appears once the
+   program is decomposed. A training-IR program is therefore decomposed first with
+   ``run_decompositions()`` (PyTorch's default table), as every deployment path (ONNX,
+   AOTInductor, ExecuTorch) does anyway. A program already decomposed is used as it is.
+2. A copy of its graph module goes through the same steps as a GraphModule (engine, reshape
+   step, hygiene). Placeholders are never touched, so the input specs stay valid.
+3. The rewrite and hygiene replace returned nodes (an as_strided by its view chain, an alias by
+   its input), so the names the output specs hold change; the output node's arguments keep
+   their positions. The i-th output spec gets the i-th returned value's new name, and module
+   call signatures get the same renaming.
+4. A new ExportedProgram is built from the copy, the remapped signature and the original's
+   state dict, constants, range constraints, module call graph and verifiers; its constructor
+   validates it. The caller's program is never modified.
+
+Dynamic dims: the engine rewrites only nodes whose geometry is concrete (plain ints), and the
+ops it emits take values computed from those geometries or copied from view nodes with
+constant arguments. Under export's shape environment a concrete geometry is the same for every
+value the dims can take, so nothing emitted bakes a size a dynamic dim controls; nodes with a
+symbolic geometry are kept with that reason (``strict=True`` raises).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, OutputSpec
+
+from fxviews.passes import FxViewsError
+from fxviews.rewriting import RewriteResult, rewrite
+
+__all__ = ["ExportRewriteResult", "rewrite_exported"]
+
+
+@dataclass
+class ExportRewriteResult(RewriteResult):
+    """:class:`~fxviews.RewriteResult` of an ExportedProgram.
+
+    ``exported_program`` is the new program (``graph_module`` is its graph module);
+    ``decomposed`` says whether the input was first decomposed out of the training IR.
+    """
+
+    exported_program: ExportedProgram = field(kw_only=True)
+    decomposed: bool = field(default=False, kw_only=True)
+
+
+def rewrite_exported(
+    program: ExportedProgram,
+    strict: bool = False,
+    reshape_views: bool = True,
+    example_inputs: Sequence[Any] | None = None,
+) -> ExportRewriteResult:
+    """Rewrite every provably safe ``as_strided`` of an exported program, into a new program.
+
+    Called by :func:`fxviews.rewrite` for an ``ExportedProgram``; the options are its own.
+    A training-IR program (``torch.export.export``'s default) is decomposed first, since that IR
+    hides the as_strided of forward AD and autograd.
+
+    Example::
+
+        >>> ep = torch.export.export(module, args)
+        >>> res = fxviews.rewrite(ep)
+        >>> torch.export.save(res.exported_program, "model.pt2")   # validates, saves, loads
+    """
+    if example_inputs is not None:
+        raise ValueError(
+            "example_inputs is for GraphModules without metadata; an ExportedProgram has it"
+        )
+    decomposed = program.dialect == "TRAINING"
+    source = program.run_decompositions() if decomposed else program
+    result = rewrite(source.graph_module, strict=strict, reshape_views=reshape_views)
+    renames = _returned_renames(source.graph_module.graph, result.graph_module.graph)
+    new_program = ExportedProgram(
+        root=result.graph_module,
+        graph=result.graph_module.graph,
+        graph_signature=_remap_signature(source.graph_signature, result.graph_module.graph),
+        state_dict=dict(source.state_dict),
+        range_constraints=copy.deepcopy(source.range_constraints),
+        module_call_graph=_remap_module_call_graph(source, result.graph_module.graph, renames),
+        example_inputs=source.example_inputs,
+        constants=dict(source.constants),
+        verifiers=list(source.verifiers),
+    )
+    return ExportRewriteResult(
+        graph_module=new_program.graph_module,
+        records=result.records,
+        modified=result.modified,
+        code_before=result.code_before,
+        seconds=result.seconds,
+        view_records=result.view_records,
+        exported_program=new_program,
+        decomposed=decomposed,
+    )
+
+
+def _returned(graph: torch.fx.Graph) -> list[Any]:
+    """The values the graph's output node returns, one per output spec, in order."""
+    return list(graph.output_node().args[0])
+
+
+def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str, str]:
+    """Old name -> new name of every returned node the rewrite replaced."""
+    return {
+        old.name: new.name
+        for old, new in zip(_returned(before), _returned(after))
+        if isinstance(old, torch.fx.Node) and isinstance(new, torch.fx.Node)
+        and old.name != new.name
+    }
+
+
+def _remap_signature(
+    signature: ExportGraphSignature, graph: torch.fx.Graph
+) -> ExportGraphSignature:
+    """``signature`` with each output spec naming the value now returned at its position."""
+    returned = _returned(graph)
+    if len(returned) != len(signature.output_specs):
+        raise FxViewsError(
+            f"the rewritten graph returns {len(returned)} values where the program's signature "
+            f"has {len(signature.output_specs)} outputs"
+        )
+    specs = [_remap_output(spec, value) for spec, value in zip(signature.output_specs, returned)]
+    return ExportGraphSignature(
+        input_specs=copy.deepcopy(signature.input_specs), output_specs=specs
+    )
+
+
+def _remap_output(spec: OutputSpec, value: Any) -> OutputSpec:
+    if not isinstance(value, torch.fx.Node):
+        return copy.deepcopy(spec)  # a constant output: nothing was renamed
+    if not hasattr(spec.arg, "name") or not dataclasses.is_dataclass(spec.arg):
+        raise FxViewsError(
+            f"output spec {spec} now returns node {value.name!r}, which it cannot name"
+        )
+    return dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=value.name))
+
+
+def _remap_module_call_graph(
+    program: ExportedProgram, graph: torch.fx.Graph, renames: dict[str, str]
+) -> list[Any]:
+    """The program's module call graph with returned nodes renamed; every name must exist.
+
+    Preserved module call signatures (``preserve_module_call_signature``) name nodes inside
+    the graph; one the rewrite erased would leave the program unflattenable.
+    """
+    entries = copy.deepcopy(program.module_call_graph)
+    present = {node.name for node in graph.nodes}
+    for entry in entries:
+        if entry.signature is None:
+            continue
+        for arg in (*entry.signature.inputs, *entry.signature.outputs):
+            name = getattr(arg, "name", None)
+            if name is None:
+                continue
+            name = renames.get(name, name)
+            if name not in present:
+                raise FxViewsError(
+                    f"the rewrite removed node {name!r}, which the preserved call signature of "
+                    f"module {entry.fqn!r} refers to"
+                )
+            arg.name = name
+    return entries
