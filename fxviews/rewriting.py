@@ -10,6 +10,7 @@ import torch
 
 from fxviews.passes import (
     AsStridedToViews,
+    LayoutPinning,
     Record,
     ViewToReshape,
     drop_redundant_aliases,
@@ -24,8 +25,9 @@ class RewriteResult:
     ``graph_module`` is a new GraphModule (the input is never mutated); ``records`` holds one
     :class:`~fxviews.passes.Record` per as_strided node seen; ``view_records`` one per
     layout-bound view (``view``, ``_unsafe_view``, ``_reshape_alias``, ``view_as_complex``)
-    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``modified`` says whether the
-    graph changed. ``print(result)`` shows the graph-diff printout.
+    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``pin_records`` one per
+    layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``modified`` says
+    whether the graph changed. ``print(result)`` shows the graph-diff printout.
     """
 
     graph_module: torch.fx.GraphModule
@@ -34,6 +36,7 @@ class RewriteResult:
     code_before: str
     seconds: float = 0.0
     view_records: list[Record] = field(default_factory=list)
+    pin_records: list[Record] = field(default_factory=list)
 
     @property
     def code_after(self) -> str:
@@ -50,6 +53,7 @@ def rewrite(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
+    pin_layouts: bool = True,
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
@@ -57,6 +61,8 @@ def rewrite(
     that has to be kept. With ``reshape_views`` (the default), a second recorded step turns
     ``view`` into ``reshape`` wherever no aliasing through it is observable
     (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
+    With ``pin_layouts`` (the default), a third gives every node that still depends on its
+    input's traced layout that layout at run time (:class:`fxviews.passes.LayoutPinning`).
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
 
@@ -73,7 +79,11 @@ def rewrite(
     # parameters, buffers and tensor constants stay shared (gradients still reach them).
     own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
     result = rewrite_in_place(
-        own, strict=strict, example_inputs=example_inputs, reshape_views=reshape_views
+        own,
+        strict=strict,
+        example_inputs=example_inputs,
+        reshape_views=reshape_views,
+        pin_layouts=pin_layouts,
     )
     result.seconds = time.perf_counter() - start
     return result
@@ -84,6 +94,7 @@ def rewrite_in_place(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
+    pin_layouts: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -97,6 +108,9 @@ def rewrite_in_place(
     reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
+    pinner = LayoutPinning(recompile=False)
+    if pin_layouts:
+        modified = pinner(gm).modified or modified
     modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
@@ -108,4 +122,5 @@ def rewrite_in_place(
         code_before=code_before,
         seconds=time.perf_counter() - start,
         view_records=list(reshaper.records),
+        pin_records=list(pinner.records),
     )

@@ -36,11 +36,11 @@ from typing import Callable
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.fx.passes.infra.pass_base import PassResult
 
 from .aliasing import AliasAnalysis
-from .graph_edits import OutputDeferringReplacer
-from .records import Record
+from .graph_edits import OutputDeferringReplacer, describe_call
+from .records import Record, RecordingPass
 from .view_chain import GraphEmitter
 
 aten = torch.ops.aten
@@ -51,7 +51,7 @@ RESHAPEABLE = (aten.view.default, aten._unsafe_view.default, aten._reshape_alias
 NEEDS_UNIT_LAST_STRIDE = (aten.view_as_complex.default,)
 
 
-class ViewToReshape(PassBase):
+class ViewToReshape(RecordingPass):
     """A torch.fx pass making layout-bound views layout-portable (mutates its input).
 
     After a call, ``records`` holds one :class:`Record` per ``view``/``_unsafe_view``/
@@ -67,11 +67,6 @@ class ViewToReshape(PassBase):
         >>> engine.records[0].after
         'reshape(clone, [-1])'
     """
-
-    def __init__(self, recompile: bool = True) -> None:
-        super().__init__()
-        self.records: list[Record] = []
-        self.recompile = recompile  # False: the caller recompiles after its last pass
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
@@ -97,11 +92,6 @@ def _is_target(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in (*RESHAPEABLE, *NEEDS_UNIT_LAST_STRIDE)
 
 
-def _describe(node: torch.fx.Node) -> str:
-    args = ", ".join(a.name if isinstance(a, torch.fx.Node) else str(a) for a in node.args)
-    return f"{node.target.__name__.split('.')[0]}({args})"
-
-
 def _handle(
     graph: torch.fx.Graph,
     node: torch.fx.Node,
@@ -109,7 +99,7 @@ def _handle(
     replacer: OutputDeferringReplacer,
 ) -> Record:
     """Rewrite ``node`` unless its aliasing is ``observed``; the record says which and why."""
-    before = _describe(node)
+    before = describe_call(node)
     if observed is not None:
         return Record(node.name, before, "", "kept", f"aliasing is observable: {observed}")
     source = node.args[0]
