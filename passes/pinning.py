@@ -66,15 +66,20 @@ aten = torch.ops.aten
 #: OpInfo samples (forward and vjp, CPU float32) and of the scaled-dot-product-attention family
 #: under vmap with each sample contiguous (batch dim first) and non-contiguous (batch dim last);
 #: these are the out-of-place overloads right in the first case and wrong or raising in the
-#: second (451 overloads measured on torch 2.13). The sweep also lists ``view_as_complex`` and
-#: ``as_strided`` (layout-bound views: their buffers are pinned instead) and ``resize_`` (an
-#: in-place metadata change whose batching rule needs the batch dim first: no copy can help).
+#: second (451 overloads measured on torch 2.13; ``_embedding_bag``, the differentiable twin of
+#: ``_embedding_bag_forward_only``, was checked by hand). ``_linalg_det``/``_linalg_slogdet``
+#: return the right determinant but the LU factors of another layout, which their backward
+#: reads. The sweep also lists ``view_as_complex``, ``as_strided`` and ``as_strided_copy``
+#: (layout-bound views: their buffers are pinned instead) and ``resize_`` (an in-place metadata
+#: change whose batching rule needs the batch dim first: no copy can help).
 LAYOUT_KERNELS: dict[Any, str] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: "silently wrong numbers",
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "silently wrong numbers",
     aten._embedding_bag_forward_only.default: "silently wrong numbers",
     aten._embedding_bag.default: "silently wrong numbers",
     aten.fractional_max_pool2d_backward.default: "silently wrong numbers",
+    aten._linalg_det.default: "silently wrong LU factors",
+    aten._linalg_slogdet.default: "silently wrong LU factors",
     aten.native_group_norm.default: "raises: Expected X.is_contiguous(memory_format)",
     aten._pdist_forward.default: "raises: _pdist_forward requires contiguous input",
     aten._pdist_backward.default: "raises: _pdist_backward requires self to be contiguous",

@@ -271,6 +271,8 @@ KERNEL_FUNCTIONS = {
     "pdist": (lambda x: F.pdist(x), (5, 4)),
     "pdist_grad": (grad(lambda x: F.pdist(x).sin().sum()), (5, 4)),
     "group_norm_grad": (grad(lambda x: F.group_norm(x, 2).sin().sum()), (4, 6, 5)),
+    "det_grad": (grad(lambda a: torch.linalg.det(a).sin()), (4, 4)),
+    "slogdet_grad": (grad(lambda a: torch.linalg.slogdet(a)[1].sin()), (4, 4)),
 }
 
 
