@@ -37,6 +37,12 @@ moves the batch dim to the front, so every sample is contiguous; ``permute(p)``,
      followed), and buffers whose traced layout is not dense.
 3. Each pin is verified before it is emitted: on meta tensors, the pinned buffer must have the
    traced buffer's exact sizes, strides (dims of size > 1) and offset.
+4. A kept ``as_strided``/``as_strided_copy`` that reads outside its input (vmap refuses that
+   on any layout) reads the pinned buffer instead, when that buffer is its whole storage:
+   ``as_strided`` addresses the storage, so it reads the same elements.
+
+Kept ``as_strided_`` and ``as_strided_scatter`` are not pinned: torch's vmap gets the first
+wrong and refuses the second on every layout. They are kept, with that reason.
 
 Buffers are pinned once, however many layout-bound nodes read them, and only when one does:
 a graph without layout-bound nodes is left untouched.
@@ -89,6 +95,12 @@ LAYOUT_KERNELS: dict[Any, str] = {
 _MERGING_VIEWS = (aten.view.default, aten._unsafe_view.default)
 #: Nodes that bake strides (and an offset) relative to their input's traced layout.
 _BAKED_STRIDES = (aten._reshape_alias.default, *AS_STRIDED_OPS)
+#: Layout-bound nodes vmap gets wrong whatever the layout (torch 2.13): pinning cannot help.
+_VMAP_REFUSES = {
+    aten.as_strided_.default: "vmap's rule for in-place as_strided_ leaves the batched tensor's "
+    "sizes as they were: wrong under vmap on any layout",
+    aten.as_strided_scatter.default: "as_strided_scatter has no batching rule: vmap refuses it",
+}
 #: Kept ``as_strided`` variants that read a buffer's storage and can read it from the buffer.
 _REBASABLE = (aten.as_strided.default, aten.as_strided_copy.default)
 #: ``*_like`` allocations and the ``new_*`` op with the same values and a batch-first rule.
@@ -231,6 +243,8 @@ def _plan_node(
     """Plan pins for the origins of ``node``'s memory: its record, and the origins to pin."""
     before = describe_call(node)
     source = node.args[0]
+    if node.target in _VMAP_REFUSES:
+        return Record(node.name, before, "", "kept", f"{why}; {_VMAP_REFUSES[node.target]}"), []
     if not isinstance(source, torch.fx.Node):
         return Record(node.name, before, "", "kept", f"{why}; its input is not a graph value"), []
     reason = _unfollowable(analysis.ancestry(source))
