@@ -97,8 +97,8 @@ _MERGING_VIEWS = (aten.view.default, aten._unsafe_view.default)
 _BAKED_STRIDES = (aten._reshape_alias.default, *AS_STRIDED_OPS)
 #: Layout-bound nodes vmap gets wrong whatever the layout (torch 2.13): pinning cannot help.
 _VMAP_REFUSES = {
-    aten.as_strided_.default: "vmap's rule for in-place as_strided_ leaves the batched tensor's "
-    "sizes as they were: wrong under vmap on any layout",
+    aten.as_strided_.default: "vmap has no rule for in-place as_strided_ and its fallback "
+    "leaves the batched tensor's sizes as they were: wrong under vmap on any layout",
     aten.as_strided_scatter.default: "as_strided_scatter has no batching rule: vmap refuses it",
 }
 #: Kept ``as_strided`` variants that read a buffer's storage and can read it from the buffer.
