@@ -225,6 +225,19 @@ def test_sdpa_under_vmap_of_jvp(kind: str, masking: str) -> None:
     check_every_placement(push, fxviews.transform(push), samples, f"vmap(jvp({kind}))")
 
 
+@pytest.mark.parametrize("kind", ["sdpa", "flash_for_cpu"])
+def test_sdpa_transformed_then_vmap_of_grad(kind: str) -> None:
+    """Outer transforms around ``transform``: autograd runs the kernel's backward itself."""
+    attention = _sdpa(kind, "causal")
+
+    def loss(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v).sin().sum()
+
+    pull = grad(fxviews.transform(loss), argnums=(0, 1, 2))
+    reference = grad(loss, argnums=(0, 1, 2))
+    check_every_placement(reference, pull, _sdpa_samples(3), f"vmap(grad(transform({kind})))")
+
+
 def test_flash_kernel_arguments_are_pinned_at_the_call() -> None:
     attention = _sdpa("flash_for_cpu", "causal")
 
