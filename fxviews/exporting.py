@@ -62,6 +62,7 @@ def rewrite_exported(
     strict: bool = False,
     reshape_views: bool = True,
     example_inputs: Sequence[Any] | None = None,
+    pin_layouts: bool = True,
 ) -> ExportRewriteResult:
     """Rewrite every provably safe ``as_strided`` of an exported program, into a new program.
 
@@ -81,7 +82,9 @@ def rewrite_exported(
         )
     decomposed = program.dialect == "TRAINING"
     source = program.run_decompositions() if decomposed else program
-    result = rewrite(source.graph_module, strict=strict, reshape_views=reshape_views)
+    result = rewrite(
+        source.graph_module, strict=strict, reshape_views=reshape_views, pin_layouts=pin_layouts
+    )
     renames = _returned_renames(source.graph_module.graph, result.graph_module.graph)
     new_program = ExportedProgram(
         root=result.graph_module,

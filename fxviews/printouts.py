@@ -72,7 +72,7 @@ def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bo
         >>> print(format_result(fxviews.explain(push_jvp, x, y, yt), width=80))
     """
     parts = []
-    records = [*result.records, *result.view_records]
+    records = [*result.records, *result.view_records, *result.pin_records]
     if records:
         parts.append(format_table(records, width=width))
     parts.append(format_summary(result))
@@ -117,15 +117,20 @@ def format_summary(result: RewriteResult) -> str:
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
-    records = [*result.records, *result.view_records]
+    # Pinning's records name the layout-bound node; "layout-bound" keeps them apart from the
+    # reshape step's records of the same views.
+    records = [
+        *((r, "") for r in [*result.records, *result.view_records]),
+        *((r, "layout-bound ") for r in result.pin_records),
+    ]
     if not records:
         changed = "graph cleaned up" if result.modified else "graph unchanged"
         return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
     # Records are per node of the kinds the engine rewrites (as_strided, view, ...); `before`
     # starts with the node's op.
     by_kind: dict[str, Counter[str]] = {}
-    for record in records:
-        kind = record.before.split("(", 1)[0] or "node"
+    for record, prefix in records:
+        kind = prefix + (record.before.split("(", 1)[0] or "node")
         by_kind.setdefault(kind, Counter())[record.method] += 1
     parts = []
     for kind, counts in by_kind.items():
@@ -190,14 +195,16 @@ def report_rewrite(
 
         >>> report_rewrite(fxviews.rewrite(gm), source="my_compiler")
     """
-    for record in [*result.records, *result.view_records]:
+    for record in [*result.records, *result.view_records, *result.pin_records]:
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
             source, record.node, record.before, record.after, record.method, record.reason,
         )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s: %s", source, format_summary(result))
-    if debug_enabled() and (result.records or result.view_records or result.modified):
+    if debug_enabled() and (
+        result.records or result.view_records or result.pin_records or result.modified
+    ):
         stream = sys.stderr if stream is None else stream
         print(f"=== fxviews rewrite: {source} ===\n{format_result(result)}\n", file=stream)
 

@@ -10,6 +10,7 @@ import torch
 
 from fxviews.passes import (
     AsStridedToViews,
+    LayoutPinning,
     Record,
     ViewToReshape,
     drop_redundant_aliases,
@@ -27,8 +28,9 @@ class RewriteResult:
     ``graph_module`` is a new GraphModule (the input is never mutated); ``records`` holds one
     :class:`~fxviews.passes.Record` per as_strided node seen; ``view_records`` one per
     layout-bound view (``view``, ``_unsafe_view``, ``_reshape_alias``, ``view_as_complex``)
-    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``modified`` says whether the
-    graph changed. ``print(result)`` shows the graph-diff printout.
+    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``pin_records`` one per
+    layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``modified`` says
+    whether the graph changed. ``print(result)`` shows the graph-diff printout.
     """
 
     graph_module: torch.fx.GraphModule
@@ -37,6 +39,7 @@ class RewriteResult:
     code_before: str
     seconds: float = 0.0
     view_records: list[Record] = field(default_factory=list)
+    pin_records: list[Record] = field(default_factory=list)
     #: How the graph was traced, when fxviews traced it (``"fake mode"`` or ``"real mode
     #: (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
@@ -62,6 +65,7 @@ def rewrite(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
+    pin_layouts: bool = True,
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
@@ -69,6 +73,8 @@ def rewrite(
     that has to be kept. With ``reshape_views`` (the default), a second recorded step turns
     ``view`` into ``reshape`` wherever no aliasing through it is observable
     (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
+    With ``pin_layouts`` (the default), a third gives every node that still depends on its
+    input's traced layout that layout at run time (:class:`fxviews.passes.LayoutPinning`).
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
     An ``ExportedProgram`` gives a new, validated one in ``result.exported_program``
@@ -83,7 +89,7 @@ def rewrite(
     if isinstance(gm, torch.export.ExportedProgram):  # a new program, see fxviews.exporting
         from fxviews.exporting import rewrite_exported
 
-        return rewrite_exported(gm, strict, reshape_views, example_inputs)
+        return rewrite_exported(gm, strict, reshape_views, example_inputs, pin_layouts)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(
             "fxviews.rewrite expects a torch.fx.GraphModule or torch.export.ExportedProgram, "
@@ -95,7 +101,11 @@ def rewrite(
     own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
     own.meta = dict(gm.meta)
     result = rewrite_in_place(
-        own, strict=strict, example_inputs=example_inputs, reshape_views=reshape_views
+        own,
+        strict=strict,
+        example_inputs=example_inputs,
+        reshape_views=reshape_views,
+        pin_layouts=pin_layouts,
     )
     result.seconds = time.perf_counter() - start
     return result
@@ -106,6 +116,7 @@ def rewrite_in_place(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
+    pin_layouts: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -119,6 +130,9 @@ def rewrite_in_place(
     reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
+    pinner = LayoutPinning(recompile=False)
+    if pin_layouts:
+        modified = pinner(gm).modified or modified
     modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
@@ -130,5 +144,6 @@ def rewrite_in_place(
         code_before=code_before,
         seconds=time.perf_counter() - start,
         view_records=list(reshaper.records),
+        pin_records=list(pinner.records),
         traced_with=gm.meta.get(TRACED_WITH),
     )

@@ -8,11 +8,14 @@ from .records import Record, METHODS
 from .as_strided_to_views import AsStridedToViews
 from .hygiene import drop_redundant_aliases, eliminate_dead_metadata_checks
 from .view_to_reshape import ViewToReshape
+from .pinning import LAYOUT_KERNELS, LayoutPinning
 
 __all__ = [
     "AsStridedToViews",
     "FxViewsError",
     "Geometry",
+    "LAYOUT_KERNELS",
+    "LayoutPinning",
     "METHODS",
     "Record",
     "UnsafeAsStridedError",

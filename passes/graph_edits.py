@@ -53,3 +53,9 @@ def arguments_by_name(node: torch.fx.Node, op: torch._ops.OpOverload) -> dict[st
     bound = dict(zip((a.name for a in op._schema.arguments), node.args))
     bound.update(node.kwargs)
     return bound
+
+
+def describe_call(node: torch.fx.Node) -> str:
+    """``node`` as a short call for records: ``view(clone, [-1])``."""
+    args = ", ".join(a.name if isinstance(a, torch.fx.Node) else str(a) for a in node.args)
+    return f"{node.target.__name__.split('.')[0]}({args})"

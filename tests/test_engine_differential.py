@@ -24,11 +24,10 @@ wrong numbers for some layouts: the comparison can fail, and the corpus does exe
 mostly read fresh ``new_zeros`` buffers and are right, so there the tests guard the rewrite
 against breaking them.)
 
-Wrong numbers always fail a test. A ``view`` that cannot merge dims on the layout it is given
-raises instead; that error is tolerated on non-default layouts only when the un-rewritten graph
-raises it too (the ``view`` is the user's ``view``/``flatten`` or autograd's ``grad.view(-1)``,
-recorded by make_fx) or, for dim-merging view ops (``ViewCase.merges_dims``), was silently
-wrong there. Turning such views into reshapes is another pass's job.
+The comparisons are strict: a wrong number or an error on any layout fails the test. (Views
+that merge dims become ``reshape`` where nobody can tell, and the buffers of those that must
+stay views are pinned to their traced layout, so none may raise.) A case still expected to fail
+would be an explicit ``xfail`` with its reason, and only for a graph input.
 
 Eager PyTorch refuses some combinations, which the corpus therefore leaves out: reverse mode
 through an in-place change to the base of a multi-output view (split, chunk, unbind), and
@@ -72,8 +71,6 @@ ViewFn = Callable[[torch.Tensor], Any]
 class ViewCase:
     """A view op applied to the base. ``fn`` returns a tensor or a tuple of tensors (split...).
 
-    ``merges_dims``: the op may merge dims into one (view/reshape/flatten), which vmap may refuse
-    (an error, not a wrong result) when the batch dim is physically between the merged dims.
     ``overlapping``: the view aliases one element more than once (expand), so it cannot be
     written to in place. ``multi_output``: the op returns several views (split, chunk, unbind).
     """
@@ -81,7 +78,6 @@ class ViewCase:
     name: str
     shape: tuple[int, ...]
     fn: ViewFn
-    merges_dims: bool = False
     overlapping: bool = False
     multi_output: bool = False
 
@@ -110,10 +106,10 @@ VIEWS: list[ViewCase] = [
     ViewCase("unsqueeze", S3, lambda x: x.unsqueeze(1)),
     ViewCase("squeeze", (3, 1, 5), lambda x: x.squeeze(1)),
     ViewCase("view_split_dim", S3, lambda x: x.view(3, 2, 2, 5)),
-    ViewCase("view_merge_dims", S3, lambda x: x.view(12, 5), merges_dims=True),
-    ViewCase("reshape_merge_dims", S3, lambda x: x.reshape(3, 20), merges_dims=True),
-    ViewCase("flatten", S3, lambda x: x.flatten(1), merges_dims=True),
-    ViewCase("flatten_all", S3, lambda x: x.flatten(), merges_dims=True),
+    ViewCase("view_merge_dims", S3, lambda x: x.view(12, 5)),
+    ViewCase("reshape_merge_dims", S3, lambda x: x.reshape(3, 20)),
+    ViewCase("flatten", S3, lambda x: x.flatten(1)),
+    ViewCase("flatten_all", S3, lambda x: x.flatten()),
     ViewCase("unflatten", S3, lambda x: x.unflatten(1, (2, 2))),
     ViewCase("movedim", S3, lambda x: x.movedim(0, -1)),
     ViewCase("split", S3, lambda x: x.split(2, dim=1), multi_output=True),
@@ -371,36 +367,8 @@ def _check_vmap(graph: Callable[..., Any], prep: Prepared, in_dims: tuple) -> No
     assert_tree_close(actual, expected, msg=f"{prep.case.id} vmap in_dims={in_dims}")
 
 
-#: The error ``aten.view`` raises when it cannot merge dims on the layout it is given.
-LAYOUT_ERROR = "view size is not compatible with input tensor's size and stride"
-
-
-def _layout_error_allowed(prep: Prepared, err: RuntimeError, run_raw: Callable[[], Any]) -> bool:
-    """May ``err``, raised by the rewritten graph on a non-default layout, stand?
-
-    Only a view-merging error qualifies (loud, never silent wrong numbers), and only when the
-    rewrite did not break a graph that worked: the un-rewritten graph, run the same way
-    (``run_raw``), must raise the same error, because a ``view`` that make_fx recorded (the
-    case's own ``view``/``flatten``, or autograd's ``grad.view(-1)``) needs a layout the inputs do
-    not have. For dim-merging view ops (``merges_dims``) it may instead have been silently wrong:
-    an error is then an improvement. Turning such views into reshapes is a separate pass.
-    """
-    if LAYOUT_ERROR not in str(err):
-        return False
-    try:
-        run_raw()
-    except RuntimeError as raw_err:
-        return LAYOUT_ERROR in str(raw_err)
-    except AssertionError:
-        return prep.case.view.merges_dims
-    return False  # the un-rewritten graph was right here: the rewrite broke it
-
-
-def _failures(
-    checks: dict[str, Callable[[], None]],
-    error_allowed: Callable[[str, RuntimeError], bool],
-) -> list[str]:
-    """Run every check; return one line per failure (a wrong result or a disallowed error)."""
+def _failures(checks: dict[str, Callable[[], None]]) -> list[str]:
+    """Run every check; return one line per failure (a wrong result or an error)."""
     failures = []
     for label, check in checks.items():
         try:
@@ -409,13 +377,8 @@ def _failures(
             detail = " | ".join(line.strip() for line in str(err).splitlines()[:4] if line.strip())
             failures.append(f"{label}: WRONG RESULT: {detail}")
         except RuntimeError as err:
-            if not error_allowed(label, err):
-                failures.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
+            failures.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
     return failures
-
-
-def _never(label: str, err: RuntimeError) -> bool:
-    return False
 
 
 CASE_IDS = [c.id for c in CASES]
@@ -449,9 +412,8 @@ def test_rewrite_leaves_no_as_strided(case_id: str) -> None:
 def test_vmap_of_rewritten_graph_matches_eager(case_id: str) -> None:
     """vmap(rewritten graph) equals eager per sample, batch dim physically at every position.
 
-    One test per case loops over the layouts of :func:`_layouts` and reports every failing one.
-    A wrong result always fails. A view-merging error is tolerated on layouts that are not
-    batch-first, and only when the rewrite did not cause it (see :func:`_layout_error_allowed`).
+    One test per case loops over the layouts of :func:`_layouts` and reports every failing one:
+    a wrong result or an error.
     """
     prep = prepared(case_id)
     graph = prep.result.graph_module
@@ -460,15 +422,7 @@ def test_vmap_of_rewritten_graph_matches_eager(case_id: str) -> None:
         label: functools.partial(_check_vmap, graph, prep, in_dims)
         for label, in_dims in layouts.items()
     }
-
-    def error_allowed(label: str, err: RuntimeError) -> bool:
-        in_dims = layouts[label]
-        if all(bd in (0, None) for bd in in_dims):
-            return False  # batch-first layouts must always work
-        raw = functools.partial(_check_vmap, prep.gm, prep, in_dims)
-        return _layout_error_allowed(prep, err, raw)
-
-    failures = _failures(checks, error_allowed)
+    failures = _failures(checks)
     assert not failures, "\n".join([f"{len(failures)}/{len(checks)} layouts fail:", *failures])
 
 
@@ -483,14 +437,8 @@ def test_rewritten_graph_on_noncontiguous_inputs_matches_eager(case_id: str) -> 
 
     def check(module: torch.fx.GraphModule, args: tuple) -> None:
         assert_tree_close(module(*args), expected, msg=f"{case_id} on non-contiguous inputs")
-
-    def error_allowed(label: str, err: RuntimeError) -> bool:
-        if label == "contiguous":
-            return False
-        return _layout_error_allowed(prep, err, functools.partial(check, prep.gm, variants[label]))
-
     checks = {name: functools.partial(check, graph, args) for name, args in variants.items()}
-    failures = _failures(checks, error_allowed)
+    failures = _failures(checks)
     assert not failures, "\n".join([f"{len(failures)}/{len(checks)} variants fail:", *failures])
 
 
@@ -584,7 +532,7 @@ def test_harness_detects_wrong_numbers_of_raw_graph(case_id: str) -> None:
         label: functools.partial(_check_vmap, prep.gm, prep, in_dims)
         for label, in_dims in layouts.items()
     }
-    wrong = [line for line in _failures(checks, _never) if "WRONG RESULT" in line]
+    wrong = [line for line in _failures(checks) if "WRONG RESULT" in line]
     assert wrong, f"vmap of the raw graph of {case_id} matched eager on every layout"
     batch_first = in_dims_id((0,) * len(prep.samples[0]))
     assert not any(line.startswith(batch_first + ":") for line in wrong), wrong
@@ -604,6 +552,6 @@ def test_harness_detects_raw_graph_on_noncontiguous_inputs(case_id: str) -> None
         name: functools.partial(lambda args: assert_tree_close(prep.gm(*args), expected), args)
         for name, args in noncontiguous_variants(sample).items()
     }
-    wrong = _failures(checks, _never)
+    wrong = _failures(checks)
     assert wrong, f"the raw graph of {case_id} was right on every non-contiguous input"
     assert not any(line.startswith("contiguous:") for line in wrong), wrong

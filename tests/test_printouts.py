@@ -80,8 +80,9 @@ def test_kept_and_synthesized_rows(mixed_result):
     assert sorted(methods) == ["kept", "synthesized"]
     text = str(mixed_result)
     rows = [line for line in text.splitlines() if line.startswith("as_strided")]
-    assert len(rows) == 2
+    assert len(rows) == 3  # both nodes, and the pinning step's row for the kept one
     assert "as_strided 1 rewritten (synthesized 1), 1 kept" in text
+    assert "layout-bound as_strided 0 rewritten, 1 kept" in text  # it reads a graph input
     kept = next(row for row in columns(format_table(mixed_result.records)) if row[3] == "kept")
     assert "reads storage address 4" in kept[4]  # why the node was kept
     assert "unfold" in text

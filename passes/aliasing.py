@@ -1,0 +1,197 @@
+"""Alias analysis of an aten graph: which nodes share storage, who writes it, who returns it.
+
+Note [Alias analysis]
+---------------------
+Several steps need to know whether sharing memory through a node can be observed: the reshape
+step (may a ``view`` become a copy?) and layout pinning (which buffer does a layout-bound node
+read, and does the graph own it?). They share this one analysis:
+
+1. Alias edges: a node is linked to every argument its schema says its result aliases (views,
+   in-place ops and ``out=`` variants return an alias; ``getitem`` of an aliasing list too).
+   Calls the analysis cannot read (not an aten overload) are assumed to alias and write every
+   input: they are *opaque*.
+2. Alias classes: union-find over the edges (path halving). Two nodes of different classes never
+   share memory.
+3. Writes: every argument whose schema alias annotation ``is_write`` is a write to its class, at
+   that node's position in the graph; a class keeps its last writer.
+4. Origins: following alias edges upwards from a node ends at the nodes that made its memory,
+   nodes without alias edges: placeholders and ``get_attr`` (the caller's memory) or
+   allocations (clones, factories, outputs of out-of-place ops).
+
+Cost: one scan of the graph to build edges, classes and writes; queries walk only the edges
+of the node they ask about.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from .graph_edits import argument_nodes, arguments_by_name
+
+
+class _AliasClasses:
+    """Union-find over graph nodes: two nodes share a class if they may share memory."""
+
+    def __init__(self) -> None:
+        self._parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(self, node: torch.fx.Node) -> torch.fx.Node:
+        parent = self._parent.setdefault(node, node)
+        while parent is not node:
+            grandparent = self._parent.setdefault(parent, parent)
+            self._parent[node] = grandparent  # path halving keeps later finds short
+            node, parent = grandparent, self._parent.setdefault(grandparent, grandparent)
+        return node
+
+    def union(self, a: torch.fx.Node, b: torch.fx.Node) -> None:
+        self._parent[self.find(a)] = self.find(b)
+
+
+class AliasAnalysis:
+    """Alias edges, classes, writes and outputs of one graph (see the Note).
+
+    Example::
+
+        >>> analysis = AliasAnalysis(make_fx(lambda x: x.clone().view(-1))(x).graph)
+        >>> [n.name for n in analysis.origins(view_node)]
+        ['clone']
+    """
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.position = {node: i for i, node in enumerate(graph.nodes)}
+        classes = _AliasClasses()
+        self.aliased: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # node -> its sources
+        self.derived: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # source -> its aliases
+        writes: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (written node, writer)
+        self.outputs: set[torch.fx.Node] = set()
+        for node in graph.nodes:
+            if node.op == "output":
+                self.outputs.update(argument_nodes(node.args))
+                continue
+            sources = aliased_arguments(node)
+            if sources:
+                self.aliased[node] = sources
+            for source in sources:
+                classes.union(node, source)
+                self.derived.setdefault(source, []).append(node)
+            writes.extend((written, node) for written in written_arguments(node))
+        # Classes are final only after the scan: group members and writes by final root.
+        self.root = {node: classes.find(node) for node in self.position}
+        self.members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        for node, root in self.root.items():
+            self.members.setdefault(root, []).append(node)
+        self.last_writer: dict[torch.fx.Node, torch.fx.Node] = {}
+        for written, writer in writes:
+            root = self.root[written]
+            last = self.last_writer.get(root)
+            if last is None or self.position[writer] > self.position[last]:
+                self.last_writer[root] = writer
+
+    def why_observed(self, view: torch.fx.Node) -> str | None:
+        """Why sharing memory through ``view`` is observable, or None if it is not.
+
+        It is observable if its class is written after ``view`` (a copy would miss that write),
+        or if ``view`` or an alias derived from it is a graph output while the rest of its class
+        holds a graph input or another output (a copy would break that output's aliasing).
+        """
+        root = self.root[view]
+        writer = self.last_writer.get(root)
+        if writer is not None and self.position[writer] > self.position[view]:
+            return f"its memory is written afterwards, at {writer.name!r}"
+        below = self.derived_closure(view)
+        returned = min(below & self.outputs, key=self.position.__getitem__, default=None)
+        if returned is None:
+            return None
+        for other in self.members[root]:
+            if other in below:
+                continue
+            if other.op in ("placeholder", "get_attr"):
+                return f"output {returned.name!r} aliases graph input {other.name!r} through it"
+            if other in self.outputs:
+                return f"output {returned.name!r} aliases output {other.name!r} through it"
+        return None
+
+    def derived_closure(self, node: torch.fx.Node) -> set[torch.fx.Node]:
+        """``node`` and every alias derived from it (its side of the class if it became a copy)."""
+        seen, stack = {node}, [node]
+        while stack:
+            for alias in self.derived.get(stack.pop(), ()):
+                if alias not in seen:
+                    seen.add(alias)
+                    stack.append(alias)
+        return seen
+
+    def origins(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        """The nodes that made ``node``'s memory, following alias edges upwards, in graph order.
+
+        Each is a placeholder, a ``get_attr`` or an allocation (a node without alias edges).
+        Opaque calls are passed through like any aliasing node: callers that need to know
+        what shaped the memory check :func:`is_opaque` on :meth:`ancestry`.
+        """
+        return [n for n in self.ancestry(node) if n not in self.aliased]
+
+    def ancestry(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        """``node`` and every node it aliases, directly or through others, in graph order."""
+        seen, stack = {node}, [node]
+        while stack:
+            for source in self.aliased.get(stack.pop(), ()):
+                if source not in seen:
+                    seen.add(source)
+                    stack.append(source)
+        return sorted(seen, key=self.position.__getitem__)
+
+
+def is_opaque(node: torch.fx.Node) -> bool:
+    """A call whose aliasing the analysis cannot read from an aten schema."""
+    if node.op in ("call_method", "call_module"):
+        return True
+    return (
+        node.op == "call_function"
+        and node.target is not operator.getitem
+        and not isinstance(node.target, torch._ops.OpOverload)
+    )
+
+
+def _bound_arguments(node: torch.fx.Node) -> list[tuple[torch._C.Argument, object]]:
+    """(schema argument, value) pairs of an aten call, positional and keyword alike."""
+    by_name = arguments_by_name(node, node.target)
+    return [(a, by_name[a.name]) for a in node.target._schema.arguments if a.name in by_name]
+
+
+def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The argument nodes whose memory ``node``'s result may share."""
+    if is_opaque(node):
+        return argument_nodes((node.args, node.kwargs))
+    if node.target is operator.getitem:
+        source = node.args[0]
+        return [source] if isinstance(source, torch.fx.Node) and _returns_alias(source) else []
+    if not _returns_alias(node):
+        return []
+    return [
+        value
+        for argument, value in _bound_arguments(node)
+        if argument.alias_info is not None
+        for value in argument_nodes(value)
+    ]
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return any(r.alias_info is not None for r in node.target._schema.returns)
+
+
+def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The argument nodes ``node`` may write to: schema ``!`` annotations, or all if opaque."""
+    if is_opaque(node):
+        return argument_nodes((node.args, node.kwargs))
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []  # placeholders, get_attr, getitem: no writes
+    return [
+        value
+        for argument, value in _bound_arguments(node)
+        if argument.alias_info is not None and argument.alias_info.is_write
+        for value in argument_nodes(value)
+    ]
