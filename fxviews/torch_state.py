@@ -24,8 +24,12 @@ from torch._C import _functorch as functorch_c
 
 
 @dataclass(frozen=True)
-class _Snapshot:
-    """The global and thread-local settings a trace may leave changed."""
+class TorchStateSnapshot:
+    """The global and thread-local settings a trace may leave changed.
+
+    Two snapshots compare equal when PyTorch is in the same state (the test suite checks that
+    every test leaves it as it found it).
+    """
 
     grad_enabled: bool
     forward_grad_enabled: bool
@@ -35,9 +39,12 @@ class _Snapshot:
     function_modes: int
     functorch_depth: int
     python_dual_level: int
+    # Compared, not restored field by field: the dispatch key guard restores them.
+    included_keys: str
+    excluded_keys: str
 
     @classmethod
-    def take(cls) -> _Snapshot:
+    def take(cls) -> TorchStateSnapshot:
         return cls(
             grad_enabled=torch.is_grad_enabled(),
             forward_grad_enabled=torch._C._is_fwd_grad_enabled(),
@@ -47,6 +54,8 @@ class _Snapshot:
             function_modes=torch._C._len_torch_function_stack(),
             functorch_depth=functorch_c.get_dynamic_layer_stack_depth(),
             python_dual_level=torch.autograd.forward_ad._current_level,
+            included_keys=str(torch._C._dispatch_tls_local_include_set()),
+            excluded_keys=str(torch._C._dispatch_tls_local_exclude_set()),
         )
 
     def restore(self) -> None:
@@ -73,7 +82,7 @@ def preserved_torch_state() -> Iterator[None]:
     Random number generators are not touched here: only a trace that runs real ops consumes
     them, and that trace forks them itself.
     """
-    snapshot = _Snapshot.take()
+    snapshot = TorchStateSnapshot.take()
     # The guard saves the thread-local dispatch key sets on entry and reinstates them on exit.
     with torch._C._PreserveDispatchKeyGuard():
         try:

@@ -147,7 +147,7 @@ def capture(
     """
     call = _positional(fn, len(args))
     with tracing_lock:
-        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
@@ -167,6 +167,19 @@ def capture(
         gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {_first_line(fake_error)})"
         return gm
+
+
+def exact_fake_mode(**options: Any) -> FakeTensorMode:
+    """A FakeTensorMode whose every result has the exact layout the real op would give.
+
+    FakeTensor's dispatch cache replays a cached result's metadata for a later call with
+    equal arguments; for ``select_scatter`` and friends it replays storage offset 0 where the
+    real kernel keeps its input's offset, so the second trace of a function would record
+    wrong layouts. The engine reads those layouts as facts: no cache.
+    """
+    mode = FakeTensorMode(**options)
+    mode.cache_enabled = False
+    return mode
 
 
 def function_name(fn: Callable[..., Any]) -> str:

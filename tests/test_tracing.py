@@ -245,3 +245,18 @@ def test_failed_trace_undoes_metadata_changes_of_closed_over_tensors():
         fxviews.trace(transposes, torch.randn(3))
     assert weight.shape == (2, 3) and weight.stride() == (3, 1)
     _eager_still_works()
+
+
+def test_every_trace_records_exact_layouts_not_cached_ones():
+    """FakeTensor's dispatch cache replays select_scatter at offset 0 on a second trace; the
+    real kernel keeps its input's offset, and the engine reads layouts as facts."""
+
+    def scatter_row(x, s):
+        return torch.select_scatter(x[1:], s, 0, 0)
+
+    x, s = torch.randn(4, 3), torch.randn(3)
+    expected = scatter_row(x, s).storage_offset()
+    for _ in range(3):
+        gm = fxviews.trace(scatter_row, x, s)
+        (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.select_scatter.default]
+        assert node.meta["val"].storage_offset() == expected
