@@ -13,7 +13,7 @@ from fxviews.passes import (
     Record,
     ViewToReshape,
     drop_redundant_aliases,
-    eliminate_dead_metadata_checks,
+    remove_dead_pure_nodes,
 )
 
 
@@ -97,7 +97,7 @@ def rewrite_in_place(
     reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
-    modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
+    modified = remove_dead_pure_nodes(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
         gm.recompile()

@@ -241,8 +241,6 @@ class _GraphCache:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             gm = _trace_fresh(traced, [leaves[i] for i in positions], self.fn)
             result = rewrite_in_place(gm, strict=self.strict)
-            if result.graph_module.graph.eliminate_dead_code():
-                result.graph_module.recompile()
         report_rewrite(result, source=f"transform({function_name(self.fn)})")
         return _Entry(
             graph_module=result.graph_module,
