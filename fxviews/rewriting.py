@@ -15,6 +15,7 @@ from fxviews.passes import (
     drop_redundant_aliases,
     remove_dead_pure_nodes,
 )
+from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
 
 
 @dataclass
@@ -94,6 +95,7 @@ def rewrite_in_place(
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)
     modified = engine(gm).modified
+    made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
@@ -107,5 +109,5 @@ def rewrite_in_place(
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
-        view_records=list(reshaper.records),
+        view_records=credit_engine(reshaper.records, made),
     )

@@ -40,6 +40,7 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -211,6 +212,31 @@ class AsStridedToViews(PassBase):
         return _kept(call, _why_kept(call))
 
 
+#: ``node.meta`` key on every node the pass emits: the name of the as_strided it replaces.
+MADE_FOR = "fxviews_made_for"
+
+
+def engine_made_nodes(graph: torch.fx.Graph) -> dict[str, str]:
+    """Names of the nodes the pass emitted, each with the as_strided node it replaced."""
+    return {n.name: n.meta[MADE_FOR] for n in graph.nodes if MADE_FOR in n.meta}
+
+
+def credit_engine(records: list[Record], made: dict[str, str]) -> list[Record]:
+    """``records`` of a later step, saying which of their nodes the pass made, and for what.
+
+    Example::
+
+        >>> credit_engine([Record("view_default", ...)], {"view_default": "as_strided"})[0].reason
+        "made by fxviews for 'as_strided'; ..."
+    """
+    return [
+        dataclasses.replace(r, reason=f"made by fxviews for {made[r.node]!r}; {r.reason}")
+        if r.node in made
+        else r
+        for r in records
+    ]
+
+
 _REASONS = {
     "identity": "same geometry as its input",
     "provenance": "replays the graph's own view ops from a base of the same geometry",
@@ -372,6 +398,9 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         _erase_dead(graph, emitter.created)
         return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
+    for made in emitter.created:
+        if made is out or made.users:  # not erased: later steps must not take it for the user's
+            made.meta[MADE_FOR] = call.node.name
     return described, out
 
 

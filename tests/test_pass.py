@@ -493,6 +493,22 @@ def many_views(n: int):
     return g
 
 
+def test_views_the_pass_made_are_never_reported_as_the_users() -> None:
+    def f(x):
+        return torch.as_strided(x * 2, (3, 4), (4, 1), 0)
+
+    gm = torch.fx.symbolic_trace(f)
+    users_nodes = {n.name for n in gm.graph.nodes}
+    res = fxviews.rewrite(gm, example_inputs=[torch.randn(12)])
+    [record] = res.records
+    assert record.after == "view(mul, [3, 4])"
+    made = [r for r in res.view_records if r.node not in users_nodes]
+    assert made, "the reshape step saw the pass's own view"
+    assert all(r.reason.startswith("made by fxviews for 'as_strided'") for r in made), made
+    x = torch.randn(12)
+    torch.testing.assert_close(res.graph_module(x), f(x))
+
+
 #: The geometry algebra's entry points: every geometry made, compared or materialised.
 GEOMETRY_WORK = ("__post_init__", "key", "meta_tensor")
 
