@@ -493,6 +493,20 @@ def many_views(n: int):
     return g
 
 
+@pytest.mark.parametrize("where", ["fxviews.passes.view_chain.apply_chain",
+                                   "fxviews.passes.as_strided_to_views._build"])
+def test_a_bug_in_a_candidate_surfaces_instead_of_becoming_a_kept_record(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    def bug(*args, **kwargs):
+        raise TypeError("a bug, not a candidate that does not fit")
+
+    monkeypatch.setattr(where, bug)
+    gm = fxviews.trace(lambda x: torch.as_strided(x, (3,), (4,), 0) * 1, torch.randn(3, 3))
+    with pytest.raises(TypeError, match="a bug"):
+        fxviews.rewrite(gm)
+
+
 def test_views_the_pass_made_are_never_reported_as_the_users() -> None:
     def f(x):
         return torch.as_strided(x * 2, (3, 4), (4, 1), 0)
