@@ -50,7 +50,7 @@ import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .errors import FxViewsError, UnsafeAsStridedError
+from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer
 from .provenance import ViewIndex, node_geometry
@@ -324,7 +324,7 @@ def _has_tensor_value(node: object) -> bool:
     return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
-def requested_geometry(node: torch.fx.Node) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
     """The ``(sizes, strides, offset)`` an as_strided-family node asks for, as written.
 
     An omitted offset is the input's trace-time offset (None if that is unknown). Values are
