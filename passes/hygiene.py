@@ -10,9 +10,10 @@ random op advances the generator (dropping it shifts every later random number a
 PyTorch), an in-place op writes memory someone else reads, an assert raises. So a node is
 erased only when it is *provably pure*: an aten-style operator whose schema writes nothing and
 returns something, that is not random (tag ``nondeterministic_seeded``) and that torch does not
-list as side-effectful, or a ``getitem`` on such an operator's result. Anything else without
-users (Python functions, methods, modules, higher-order ops) stays: we cannot prove it pure.
-Nodes are visited in reverse, so a chain of dead pure nodes goes in one sweep.
+list as side-effectful, or a ``getitem`` on any aten-style operator's tuple of results.
+Anything else without users (Python functions, methods, modules, higher-order ops) stays: we
+cannot prove it pure. Nodes are visited in reverse, so a chain of dead pure nodes goes in one
+sweep.
 """
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ def is_provably_pure(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem:  # picking from an operator's tuple of results reads nothing
         parent = node.args[0]
-        return isinstance(parent, torch.fx.Node) and is_provably_pure(parent)
+        return isinstance(parent, torch.fx.Node) and isinstance(
+            parent.target, torch._ops.OpOverload
+        )
     if not isinstance(target, torch._ops.OpOverload):
         return False
     schema = target._schema

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 
 import pytest
 import torch
@@ -365,6 +366,25 @@ def test_hygiene_drops_dead_metadata_checks_only() -> None:
         torch.utils._pytree.tree_leaves(push_jvp(x, y, yt)),
     ):
         torch.testing.assert_close(got, want)
+
+
+def test_dead_code_step_erases_only_provably_pure_nodes() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    doubled = graph.call_function(aten.mul.Tensor, (x, 2))  # dead pure chain: goes
+    graph.call_function(aten.sum.default, (doubled,))
+    graph.call_function(aten.rand.default, ([3],))  # random: stays
+    dropout = graph.call_function(aten.native_dropout.default, (x, 0.5, True))
+    graph.call_function(operator.getitem, (dropout, 1))  # the pick goes, the dropout stays
+    buffer = graph.call_function(aten.clone.default, (x,))
+    graph.call_function(aten.add_.Tensor, (buffer, 1))  # in place: stays, with its input
+    graph.call_method("add", (x, 1))  # a method we cannot prove pure: stays
+    graph.output(x)
+    gm = torch.fx.GraphModule({}, graph)
+    assert remove_dead_pure_nodes(gm)
+    left = [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert left == [aten.rand.default, aten.native_dropout.default, aten.clone.default,
+                    aten.add_.Tensor, "add"]
 
 
 def _safe_then_unsafe(x):
