@@ -397,6 +397,14 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         log.debug("%s: dropped candidate %s: %s", call.node.name, described, err)
         _erase_dead(graph, emitter.created)
         return None
+    # Later nodes read the replacement's metadata as the layout they were traced against: it
+    # must be the node's own, whatever the fake kernels computed.
+    emitted, original = node_geometry(out), node_geometry(call.node)
+    if emitted is None or original is None or not equivalent(emitted, original):
+        log.debug("%s: dropped candidate %s: its metadata says %s, the node's %s",
+                  call.node.name, described, emitted, original)
+        _erase_dead(graph, emitter.created)
+        return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
     for made in emitter.created:
         if made is out or made.users:  # not erased: later steps must not take it for the user's
@@ -432,7 +440,6 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
     node's output must map indices to memory one-to-one, the chain must select the target from
     that output layout, and the scatter form must give the same output layout.
     """
-    expected = call.node.meta["val"]
     src_geometry = node_geometry(call.src)
     written = node_geometry(call.node)
     if src_geometry is None or written is None or not is_one_to_one(written):
@@ -445,15 +452,19 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
         )
     except RuntimeError:  # src does not fit the region
         return False
-    return out.shape == expected.shape and out.stride() == expected.stride()
+    # Offset included: a later as_strided of the result reads relative to its exact layout.
+    return equivalent(Geometry.of(out), written)
 
 
 def _why_kept(call: _Call) -> str:
     if call.op is aten.as_strided_scatter.default:
         chain = synthesize(call.source_geometry, call.target)
         if chain is not None:
-            ops = sorted({step.name() for step in chain})
-            return f"its region needs {', '.join(ops)}, which have no exact scatter form here"
+            ops = sorted({step.name() for step in chain if not has_scatter_form((step,))})
+            if ops:
+                return f"its region needs {', '.join(ops)}, which have no scatter form"
+            return ("its scatter form would not give the output layout, which later nodes read, "
+                    "or would not write where as_strided_scatter does")
     witness = find_exposed_address(call.source_geometry, call.target)
     if witness is not None:
         return (

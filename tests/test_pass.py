@@ -443,6 +443,18 @@ def test_large_scatter_is_proven_not_assumed() -> None:
     torch.testing.assert_close(offset.graph_module(x, s), expected)
 
 
+def test_scatter_result_keeps_the_layout_later_nodes_read_it_with() -> None:
+    # The scatter's result starts at offset 1, as its input x[1:] does; the as_strided after it
+    # reads offset 2, i.e. from element 1. A replacement starting at offset 0 would shift it.
+    def f(x, s):
+        out = aten.as_strided_scatter.default(x[1:], s, [5], [1], 1)
+        return aten.as_strided.default(out, [2], [1], 2) * 1
+
+    x, s = torch.randn(6), torch.randn(5)
+    res = fxviews.rewrite(fxviews.trace(f, x, s))
+    torch.testing.assert_close(res.graph_module(x, s), f(x, s))
+
+
 def test_rewrite_drops_dead_pure_nodes_and_keeps_dead_random_ones() -> None:
     def f(x, y, t):
         def inner(y):
