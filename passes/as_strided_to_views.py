@@ -268,19 +268,31 @@ def _check_example_inputs(gm: torch.fx.GraphModule, example_inputs: object) -> N
             "example_inputs must be a list or tuple of the graph's inputs, got "
             f"{type(example_inputs).__name__}"
         )
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if any(str(p.target).startswith("*") for p in placeholders):
+    names, required = _graph_inputs(gm)
+    if names is None:
         return  # *args or **kwargs take any number
-    required = [p.name for p in placeholders if not p.args]  # a placeholder's args: its default
-    if not len(required) <= len(example_inputs) <= len(placeholders):
-        wanted = str(len(placeholders))
-        if len(required) < len(placeholders):
-            wanted = f"{len(required)} to {wanted}"
-        names = ", ".join(p.name for p in placeholders)
+    if not required <= len(example_inputs) <= len(names):
+        wanted = str(len(names)) if required == len(names) else f"{required} to {len(names)}"
         raise FxViewsError(
             f"example_inputs has {len(example_inputs)} values but the graph takes {wanted} "
-            f"inputs ({names})"
+            f"inputs ({', '.join(names)})"
         )
+
+
+def _graph_inputs(gm: torch.fx.GraphModule) -> tuple[list[str] | None, int]:
+    """The names of the inputs a caller passes to ``gm`` and how many are required.
+
+    None when the signature takes any number (``*args``). A graph traced from nested inputs
+    (make_fx's pytree code) takes its original arguments, not one per placeholder.
+    """
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is not None and info.in_spec is not None:
+        return list(info.orig_args), len(info.orig_args)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(str(p.target).startswith("*") for p in placeholders):
+        return None, 0
+    required = [p for p in placeholders if not p.args]  # a placeholder's args: its default
+    return [p.name for p in placeholders], len(required)
 
 
 def _ensure_metadata(

@@ -510,6 +510,24 @@ def test_example_inputs_are_validated_before_use() -> None:
     torch.testing.assert_close(res.graph_module(x, y), x.diagonal() + y)
 
 
+def test_example_inputs_of_a_graph_over_nested_inputs_are_its_arguments() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(pair):
+        a, b = pair
+        return torch.as_strided(a, (3,), (4,), 0) + b
+
+    pair = (torch.randn(3, 3), torch.randn(3))
+    gm = make_fx(f)(pair)  # two placeholders, one argument
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
+    with pytest.raises(fxviews.FxViewsError, match="2 values but the graph takes 1 inputs"):
+        fxviews.rewrite(gm, example_inputs=list(pair))
+    res = fxviews.rewrite(gm, example_inputs=[pair])
+    assert [r.method for r in res.records] == ["synthesized"]
+    torch.testing.assert_close(res.graph_module(pair), f(pair))
+
+
 def many_views(n: int):
     """torch.func code with ``n`` views of a base that is then mutated by a dual operand."""
 
