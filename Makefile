@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxviews-installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,17 @@ $(STAMP): pyproject.toml | $(PY)
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES
+# random cases (7 properties: 21k at the default) and the fixed differential corpora run too.
+# `make test` draws 300 per property (under CI=1, the same ones on every run).
+FUZZ_EXAMPLES ?= 3000
+FUZZ_TESTS := tests/test_geometry.py tests/test_pass_differential.py \
+	tests/test_engine_differential.py tests/test_opinfo_views.py
+
+fuzz: setup
+	FXVIEWS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
+		--hypothesis-show-statistics $(FUZZ_TESTS)
 
 demo: setup
 	$(PY) -m fxviews demo

@@ -15,7 +15,8 @@ one process on one machine are what compare; absolute times move with the machin
 
 Every timing is a median over repeats. torch runs on one thread unless ``--threads`` says
 otherwise, so that timings do not depend on how busy the other cores are. A row whose
-dependency cannot run here prints ``n/a (reason)`` instead of a number.
+dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured path that
+raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 """
 from __future__ import annotations
 
@@ -169,17 +170,31 @@ def first_call_seconds(
         torch._dynamo.reset()
 
 
+#: How a note starts when the path it measures raised: the run then exits with status 1.
+FAILED = "n/a (error: "
+
+
 def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
     """``(measure(), "")``, or ``(None, "n/a (error: ...)")`` when the path measured fails here.
 
-    A benchmark reports; it does not test. A path that raises (a backend bug, a missing
-    feature of this torch) becomes an ``n/a`` cell with the reason, and the other rows run.
+    A path that raises (a backend bug, a missing feature of this torch) becomes an ``n/a``
+    cell with the reason and the other rows still run, but the run fails (see :func:`run`).
     """
     try:
         return measure(), ""
-    except Exception as err:  # noqa: BLE001 - any failure of the measured path is reported
+    except Exception as err:  # noqa: BLE001 - reported in its cell, and fails the run
         text = str(err).strip().splitlines()
-        return None, f"n/a (error: {type(err).__name__}: {text[0] if text else ''}"[:118] + ")"
+        return None, f"{FAILED}{type(err).__name__}: {text[0] if text else ''}"[:118] + ")"
+
+
+def failed_paths(tables: dict[str, Table]) -> list[str]:
+    """``"row: note"`` for every line whose measured path raised."""
+    return [
+        f"{row}: {line['note']}"
+        for row, table in tables.items()
+        for line in table
+        if FAILED in str(line.get("note", ""))
+    ]
 
 
 def fmt_seconds(seconds: float | None) -> str:
@@ -203,11 +218,8 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def rewritten(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` rewritten and stripped of dead nodes: what ``transform`` runs."""
-    out = fxviews.rewrite(gm).graph_module
-    if out.graph.eliminate_dead_code():
-        out.recompile()
-    return out
+    """``gm`` rewritten (dead nodes included): what ``transform`` runs."""
+    return fxviews.rewrite(gm).graph_module
 
 
 def transform_or_reason() -> tuple[Callable[..., Any] | None, str]:
@@ -427,7 +439,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmarks ``args`` select, print their tables, write JSON if asked; exit code."""
+    """Run the benchmarks ``args`` select, print their tables, write JSON if asked.
+
+    Exit code 0; 1 if a measured path raised (its cell says why); 2 for unknown rows.
+    """
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
     if unknown or not rows:
@@ -438,9 +453,13 @@ def run(args: argparse.Namespace) -> int:
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        run_rows(rows, settings, args.json)
+        tables = run_rows(rows, settings, args.json)
     finally:
         torch.set_num_threads(threads_before)
+    failures = failed_paths(tables)
+    if failures:
+        print("\nfxviews bench: measured paths failed:\n  " + "\n  ".join(failures))
+        return 1
     return 0
 
 

@@ -14,8 +14,9 @@ from fxviews.passes import (
     Record,
     ViewToReshape,
     drop_redundant_aliases,
-    eliminate_dead_metadata_checks,
+    remove_dead_pure_nodes,
 )
+from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
 TRACED_WITH = "fxviews_traced_with"
@@ -127,13 +128,14 @@ def rewrite_in_place(
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)
     modified = engine(gm).modified
+    made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     reshaper = ViewToReshape(recompile=False)
     if reshape_views:
         modified = reshaper(gm).modified or modified
     pinner = LayoutPinning(recompile=False)
     if pin_layouts:
         modified = pinner(gm).modified or modified
-    modified = eliminate_dead_metadata_checks(gm, recompile=False) or modified
+    modified = remove_dead_pure_nodes(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
         gm.recompile()
@@ -143,7 +145,7 @@ def rewrite_in_place(
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
-        view_records=list(reshaper.records),
-        pin_records=list(pinner.records),
+        view_records=credit_engine(reshaper.records, made),
+        pin_records=credit_engine(pinner.records, made),
         traced_with=gm.meta.get(TRACED_WITH),
     )

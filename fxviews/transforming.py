@@ -295,8 +295,6 @@ class _GraphCache:
             tensors = [leaves[i] for i in positions]
             gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
             result = rewrite_in_place(gm, strict=self.strict)
-            if result.graph_module.graph.eliminate_dead_code():
-                result.graph_module.recompile()
         report_rewrite(result, source=f"transform({name})")
         return _Entry(
             graph_module=result.graph_module,

@@ -6,7 +6,7 @@ from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
 from .records import Record, METHODS
 from .as_strided_to_views import AsStridedToViews
-from .hygiene import drop_redundant_aliases, eliminate_dead_metadata_checks
+from .hygiene import drop_redundant_aliases, remove_dead_pure_nodes
 from .view_to_reshape import ViewToReshape
 from .pinning import LAYOUT_KERNELS, LayoutPinning
 
@@ -21,5 +21,5 @@ __all__ = [
     "UnsafeAsStridedError",
     "ViewToReshape",
     "drop_redundant_aliases",
-    "eliminate_dead_metadata_checks",
+    "remove_dead_pure_nodes",
 ]

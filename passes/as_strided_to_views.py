@@ -20,7 +20,15 @@ input's exact geometry and must reproduce the target's geometry):
 
 If none verifies, the node is kept with the reason: a witness address when it reads memory the
 input does not expose (unsafe), or "no view form" when it may be safe but no view op chain
-reproduces it. ``strict=True`` raises ``UnsafeAsStridedError`` instead of keeping.
+reproduces it. ``strict=True`` raises ``UnsafeAsStridedError`` instead of keeping, and is atomic:
+it rewrites a copy of the graph and installs it only when no node had to be kept, so the
+caller's graph is untouched when the error is raised (also inside a ``PassManager``).
+
+Failed candidates: a chain that does not apply to the input raises a torch error (a
+``RuntimeError`` or ``IndexError``) during verification, or fails to compute the new nodes'
+metadata; only those are caught, and the candidate is dropped. Any other exception is a bug and
+surfaces. No safety decision rests on a caught exception: dropping a candidate only ever keeps
+a node.
 
 Variants: ``as_strided_copy`` becomes the chain plus a contiguous ``clone``;
 ``as_strided_scatter`` becomes nested ``select_scatter``/``slice_scatter``/``diagonal_scatter``
@@ -31,6 +39,9 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -39,8 +50,8 @@ import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .errors import FxViewsError, UnsafeAsStridedError
-from .geometry import Geometry, equivalent, find_exposed_address
+from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
+from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer
 from .provenance import ViewIndex, node_geometry
 from .records import Record
@@ -59,6 +70,7 @@ from .view_chain import (
 )
 
 aten = torch.ops.aten
+log = logging.getLogger("fxviews")
 
 
 @dataclass(frozen=True)
@@ -119,19 +131,29 @@ class AsStridedToViews(PassBase):
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         self.records = []
-        nodes = [n for n in graph_module.graph.nodes if _is_as_strided(n)]
-        if not nodes:
+        _check_example_inputs(graph_module, self.example_inputs)
+        if not any(_is_as_strided(n) for n in graph_module.graph.nodes):
             return PassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
         # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
         with _disable_current_modes():
-            return self._rewrite_all(graph_module, nodes)
+            if not self.strict:
+                modified = self._rewrite_all(graph_module)
+                if modified and self.recompile:
+                    graph_module.recompile()
+                return PassResult(graph_module, modified)
+            # Atomic: the copy absorbs every edit until the last node is known to be rewritten.
+            work = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
+            modified = self._rewrite_all(work)
+            if modified:
+                graph_module.graph = work.graph  # the setter also recompiles
+            return PassResult(graph_module, modified)
 
-    def _rewrite_all(
-        self, graph_module: torch.fx.GraphModule, nodes: list[torch.fx.Node]
-    ) -> PassResult:
-        _ensure_metadata(graph_module, nodes, self.example_inputs)
+    def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> bool:
+        """Rewrite every as_strided node of ``graph_module`` in place; whether any changed."""
         graph = graph_module.graph
+        nodes = [n for n in graph.nodes if _is_as_strided(n)]
+        _ensure_metadata(graph_module, nodes, self.example_inputs)
         context = _GraphContext(
             graph=graph,
             index=ViewIndex(graph),
@@ -143,15 +165,13 @@ class AsStridedToViews(PassBase):
             record = self._rewrite_node(node, context)
             self.records.append(record)
             if record.method == "kept" and self.strict:
-                raise UnsafeAsStridedError(record.node, record.before, record.reason)
+                raise UnsafeAsStridedError(record.node, requested_geometry(node), record.reason)
             modified = modified or record.method != "kept"
         for replaced in context.replacer.finish():
             graph.erase_node(replaced)
         if modified:
-            graph_module.graph.lint()
-            if self.recompile:
-                graph_module.recompile()
-        return PassResult(graph_module, modified)
+            graph.lint()
+        return modified
 
     def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
         call, problem = _parse(node)
@@ -194,6 +214,31 @@ class AsStridedToViews(PassBase):
         return _kept(call, _why_kept(call))
 
 
+#: ``node.meta`` key on every node the pass emits: the name of the as_strided it replaces.
+MADE_FOR = "fxviews_made_for"
+
+
+def engine_made_nodes(graph: torch.fx.Graph) -> dict[str, str]:
+    """Names of the nodes the pass emitted, each with the as_strided node it replaced."""
+    return {n.name: n.meta[MADE_FOR] for n in graph.nodes if MADE_FOR in n.meta}
+
+
+def credit_engine(records: list[Record], made: dict[str, str]) -> list[Record]:
+    """``records`` of a later step, saying which of their nodes the pass made, and for what.
+
+    Example::
+
+        >>> credit_engine([Record("view_default", ...)], {"view_default": "as_strided"})[0].reason
+        "made by fxviews for 'as_strided'; ..."
+    """
+    return [
+        dataclasses.replace(r, reason=f"made by fxviews for {made[r.node]!r}; {r.reason}")
+        if r.node in made
+        else r
+        for r in records
+    ]
+
+
 _REASONS = {
     "identity": "same geometry as its input",
     "provenance": "replays the graph's own view ops from a base of the same geometry",
@@ -208,6 +253,48 @@ def _is_as_strided(node: torch.fx.Node) -> bool:
 
 def _kept(call: _Call, reason: str) -> Record:
     return Record(call.node.name, call.describe(), "", "kept", reason)
+
+
+def _check_example_inputs(gm: torch.fx.GraphModule, example_inputs: object) -> None:
+    """Reject ``example_inputs`` that cannot be the graph's positional inputs, naming why.
+
+    Example::
+
+        >>> _check_example_inputs(gm, torch.randn(4))
+        TypeError: example_inputs must be a list or tuple of the graph's inputs, got Tensor
+    """
+    if example_inputs is None:
+        return
+    if not isinstance(example_inputs, (list, tuple)):
+        raise TypeError(
+            "example_inputs must be a list or tuple of the graph's inputs, got "
+            f"{type(example_inputs).__name__}"
+        )
+    names, required = _graph_inputs(gm)
+    if names is None:
+        return  # *args or **kwargs take any number
+    if not required <= len(example_inputs) <= len(names):
+        wanted = str(len(names)) if required == len(names) else f"{required} to {len(names)}"
+        raise FxViewsError(
+            f"example_inputs has {len(example_inputs)} values but the graph takes {wanted} "
+            f"inputs ({', '.join(names)})"
+        )
+
+
+def _graph_inputs(gm: torch.fx.GraphModule) -> tuple[list[str] | None, int]:
+    """The names of the inputs a caller passes to ``gm`` and how many are required.
+
+    None when the signature takes any number (``*args``). A graph traced from nested inputs
+    (make_fx's pytree code) takes its original arguments, not one per placeholder.
+    """
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is not None and info.in_spec is not None:
+        return list(info.orig_args), len(info.orig_args)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(str(p.target).startswith("*") for p in placeholders):
+        return None, 0
+    required = [p for p in placeholders if not p.args]  # a placeholder's args: its default
+    return [p.name for p in placeholders], len(required)
 
 
 def _ensure_metadata(
@@ -230,9 +317,13 @@ def _ensure_metadata(
 
         try:
             # Parameters and constants of the module stay real: the mode must accept them.
+            # Its dispatch cache would replay cached layouts (select_scatter at offset 0
+            # where the kernel keeps its input's offset): layouts here are facts, so no cache.
             mode = FakeTensorMode(allow_non_fake_inputs=True)
+            mode.cache_enabled = False
             FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
-        except Exception as err:  # any failure here means the inputs do not fit the graph
+        except (RuntimeError, TypeError, ValueError, IndexError) as err:
+            # What ops raise on arguments that do not fit them: the inputs do not fit the graph.
             raise FxViewsError(
                 f"could not compute tensor metadata for the graph from example_inputs: {err}"
             ) from err
@@ -250,19 +341,35 @@ def _has_tensor_value(node: object) -> bool:
     return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
+def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
+    """The ``(sizes, strides, offset)`` an as_strided-family node asks for, as written.
+
+    An omitted offset is the input's trace-time offset (None if that is unknown). Values are
+    SymInts when the graph has symbolic shapes.
+
+    Example::
+
+        >>> requested_geometry(node)   # as_strided(clone_1, [6], [1], 0)
+        ((6,), (1,), 0)
+    """
+    kwargs = bind_as_strided(node)
+    offset = kwargs["storage_offset"]
+    if offset is None:
+        source_geometry = node_geometry(kwargs["self"])
+        offset = None if source_geometry is None else source_geometry.offset
+    return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
+
+
 def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
     kwargs = bind_as_strided(node)
     source, src = kwargs["self"], kwargs.get("src")
-    sizes, strides, offset = kwargs["size"], kwargs["stride"], kwargs["storage_offset"]
     source_geometry = node_geometry(source)
     if source_geometry is None:
         return None, "the input's trace-time layout is symbolic (dynamic shapes) or not strided"
-    if offset is None:
-        offset = source_geometry.offset
-    values = (*sizes, *strides, offset)
-    if not all(type(v) is int for v in values):
+    sizes, strides, offset = requested_geometry(node)
+    if not all(type(v) is int for v in (*sizes, *strides, offset)):
         return None, "symbolic sizes, strides or offset"
-    target = Geometry(tuple(sizes), tuple(strides), offset)
+    target = Geometry(sizes, strides, offset)
     return _Call(node, as_strided_op(node), source, src, source_geometry, target), ""
 
 
@@ -303,10 +410,22 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
     try:
         with graph.inserting_before(call.node):
             out = _build(emitter, call, chain)
-    except (RuntimeError, IndexError, ValueError, TypeError):
+    except RuntimeError as err:  # a verified chain whose nodes' fake metadata cannot be computed
+        log.debug("%s: dropped candidate %s: %s", call.node.name, described, err)
+        _erase_dead(graph, emitter.created)
+        return None
+    # Later nodes read the replacement's metadata as the layout they were traced against: it
+    # must be the node's own, whatever the fake kernels computed.
+    emitted, original = node_geometry(out), node_geometry(call.node)
+    if emitted is None or original is None or not equivalent(emitted, original):
+        log.debug("%s: dropped candidate %s: its metadata says %s, the node's %s",
+                  call.node.name, described, emitted, original)
         _erase_dead(graph, emitter.created)
         return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
+    for made in emitter.created:
+        if made is out or made.users:  # not erased: later steps must not take it for the user's
+            made.meta[MADE_FOR] = call.node.name
     return described, out
 
 
@@ -332,43 +451,37 @@ def _erase_dead(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
 
 
 def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
-    """The scatter form must give the node's exact layout and, on a small sample, its values."""
-    expected = call.node.meta["val"]
+    """Whether the scatter form of ``chain`` is exactly ``call``'s as_strided_scatter.
+
+    Proven on geometry, whatever the size (see Note [Scatter along a chain] in scatter.py): the
+    node's output must map indices to memory one-to-one, the chain must select the target from
+    that output layout, and the scatter form must give the same output layout.
+    """
     src_geometry = node_geometry(call.src)
-    if src_geometry is None:
+    written = node_geometry(call.node)
+    if src_geometry is None or written is None or not is_one_to_one(written):
+        return False
+    if not verify_chain(chain, written, call.target):
         return False
     try:
         out = build_scatter(
             eager, call.source_geometry.meta_tensor(), src_geometry.meta_tensor(), chain
         )
-        if out.shape != expected.shape or out.stride() != expected.stride():
-            return False
-        if call.source_geometry.storage_extent() > 100_000:
-            return True
-        base = _numbered(call.source_geometry)
-        src = -_numbered(src_geometry)  # distinct from every value of `base`
-        target = call.target
-        want = aten.as_strided_scatter.default(
-            base, src, list(target.sizes), list(target.strides), target.offset
-        )
-        got = build_scatter(eager, base, src, chain)
-        return bool(torch.equal(want, got))
-    except (RuntimeError, IndexError, ValueError):
+    except RuntimeError:  # src does not fit the region
         return False
-
-
-def _numbered(geometry: Geometry) -> torch.Tensor:
-    """A real tensor of ``geometry`` over storage ``1, 2, ...``: distinct positive values."""
-    storage = torch.arange(1, max(geometry.storage_extent(), 1) + 1, dtype=torch.float64)
-    return storage.as_strided(geometry.sizes, geometry.strides, geometry.offset)
+    # Offset included: a later as_strided of the result reads relative to its exact layout.
+    return equivalent(Geometry.of(out), written)
 
 
 def _why_kept(call: _Call) -> str:
     if call.op is aten.as_strided_scatter.default:
         chain = synthesize(call.source_geometry, call.target)
         if chain is not None:
-            ops = sorted({step.name() for step in chain})
-            return f"its region needs {', '.join(ops)}, which have no exact scatter form here"
+            ops = sorted({step.name() for step in chain if not has_scatter_form((step,))})
+            if ops:
+                return f"its region needs {', '.join(ops)}, which have no scatter form"
+            return ("its scatter form would not give the output layout, which later nodes read, "
+                    "or would not write where as_strided_scatter does")
     witness = find_exposed_address(call.source_geometry, call.target)
     if witness is not None:
         return (

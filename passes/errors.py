@@ -4,6 +4,9 @@ They live here, not in ``fxviews/``, because the engine imports nothing from the
 """
 from __future__ import annotations
 
+#: ``(sizes, strides, offset)`` as an as_strided call writes them.
+RequestedGeometry = tuple[tuple[object, ...], tuple[object, ...], object]
+
 
 class FxViewsError(RuntimeError):
     """Base class of every error fxviews raises on purpose.
@@ -20,12 +23,22 @@ class FxViewsError(RuntimeError):
 class UnsafeAsStridedError(FxViewsError):
     """An ``as_strided`` node could not be proven expressible with view ops (``strict=True``).
 
-    ``node`` is the node's name, ``geometry`` the target ``(sizes, strides, offset)`` and
+    ``node`` is the node's name, ``geometry`` the target ``(sizes, strides, offset)`` as tuples
+    and an int (SymInts for symbolic shapes; offset None when omitted and unknown) and
     ``reason`` why the node was kept.
+
+    Example::
+
+        >>> err.geometry
+        ((3,), (5,), 2)
     """
 
-    def __init__(self, node: str, geometry: object, reason: str) -> None:
+    def __init__(self, node: str, geometry: RequestedGeometry, reason: str) -> None:
         self.node = node
         self.geometry = geometry
         self.reason = reason
-        super().__init__(f"as_strided node {node!r} with geometry {geometry} was kept: {reason}")
+        sizes, strides, offset = geometry
+        super().__init__(
+            f"as_strided node {node!r} with sizes {list(sizes)}, strides {list(strides)} and "
+            f"offset {offset} was kept: {reason}"
+        )

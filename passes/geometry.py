@@ -109,6 +109,27 @@ class Geometry:
             yield from walk(0, self.offset)
 
 
+def is_one_to_one(geometry: Geometry) -> bool:
+    """Whether distinct indices always touch distinct addresses (proven, never enumerated).
+
+    Sufficient condition: in ascending stride order, each walking dim's stride exceeds the
+    furthest address the smaller dims reach. It may say False for exotic interleavings that
+    are one-to-one; it never says True for an overlapping geometry.
+
+    Example::
+
+        >>> is_one_to_one(Geometry((3, 2), (1, 3), 0)), is_one_to_one(Geometry((3, 2), (1, 0), 0))
+        (True, False)
+    """
+    reach = 0
+    walking = sorted((t, s) for s, t in zip(geometry.sizes, geometry.strides) if s > 1)
+    for stride, size in walking:
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
+
+
 def equivalent(a: Geometry, b: Geometry) -> bool:
     """Same sizes; same strides on dims of size > 1; same offset when there is an element."""
     return a.key() == b.key()

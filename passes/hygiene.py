@@ -1,56 +1,75 @@
-"""Graph hygiene: drop the dead metadata checks and redundant aliases torch.func leaves behind.
+"""Graph hygiene: the one dead-code step, and the redundant aliases torch.func leaves behind.
 
-make_fx records ``is_same_size``/``_has_same_storage_numel`` checks, ``alias`` nodes and
-``_to_copy`` calls to the meta device that nothing reads, and ``alias`` nodes in front of values
-that nothing else holds. They cost a dispatch each at run time (under vmap, a batching rule
-each), so a rewritten graph should not carry them.
+Note [Dead code that may go]
+----------------------------
+make_fx records metadata checks (``is_same_size``, ``_has_same_storage_numel``), copies to the
+meta device, ``zeros`` and ``prims`` arithmetic from forward AD's bookkeeping, and views that
+nothing reads. Each costs a dispatch per call (under vmap, a batching rule, some of which warn),
+so a rewritten graph should not carry them. But a node without users is not always dead: a
+random op advances the generator (dropping it shifts every later random number against eager
+PyTorch), an in-place op writes memory someone else reads, an assert raises. So a node is
+erased only when it is *provably pure*: an aten-style operator whose schema writes nothing and
+returns something, that is not random (tag ``nondeterministic_seeded``) and that torch does not
+list as side-effectful, or a ``getitem`` on any aten-style operator's tuple of results.
+Anything else without users (Python functions, methods, modules, higher-order ops) stays: we
+cannot prove it pure. Nodes are visited in reverse, so a chain of dead pure nodes goes in one
+sweep.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
+from torch._library.utils import is_impure
 
 from .graph_edits import OutputDeferringReplacer
-from .view_chain import METADATA_MUTATIONS, is_view_op
+from .view_chain import METADATA_MUTATIONS
 
 aten = torch.ops.aten
 
-_METADATA_CHECKS = {
-    aten.is_same_size.default,
-    aten._has_same_storage_numel.default,
-    aten.sym_size.int,
-    aten.sym_stride.int,
-    aten.sym_storage_offset.default,
-    aten.sym_numel.default,
-}
 
+def is_provably_pure(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may be erased when nothing reads it (see Note [Dead code that may go]).
 
-def _is_dead_check(node: torch.fx.Node) -> bool:
-    if node.op != "call_function" or node.users:
+    Example::
+
+        >>> [n.name for n in gm.graph.nodes if is_provably_pure(n)]
+        ['zeros', 'is_same_size', 'select']
+    """
+    if node.op != "call_function":
         return False
     target = node.target
-    if target in _METADATA_CHECKS:
-        return True
-    if target is aten._to_copy.default and str(node.kwargs.get("device")) == "meta":
-        return True
-    # A dead view aliases and computes nothing; views never write (is_view_op checks that).
-    return is_view_op(target)
+    if target is operator.getitem:  # picking from an operator's tuple of results reads nothing
+        parent = node.args[0]
+        return isinstance(parent, torch.fx.Node) and isinstance(
+            parent.target, torch._ops.OpOverload
+        )
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    return (
+        bool(schema.returns)
+        and not schema.is_mutable
+        and torch.Tag.nondeterministic_seeded not in target.tags
+        and not is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=True)
+    )
 
 
-def eliminate_dead_metadata_checks(gm: torch.fx.GraphModule, recompile: bool = True) -> bool:
-    """Erase dead metadata checks, dead views and dead meta copies from ``gm``, in place.
+def remove_dead_pure_nodes(gm: torch.fx.GraphModule, recompile: bool = True) -> bool:
+    """Erase the provably pure nodes of ``gm`` that nothing reads, in place; whether any went.
 
-    Returns whether anything was erased. Nodes with side effects are never touched.
+    Random, in-place and other side-effecting nodes stay even when unused.
     ``recompile=False`` leaves ``gm.recompile()`` to the caller.
 
     Example::
 
-        >>> eliminate_dead_metadata_checks(fxviews.trace(push_jvp, x, y, yt))
+        >>> remove_dead_pure_nodes(fxviews.trace(push_jvp, x, y, yt))
         True
     """
     erased = False
     for node in reversed(list(gm.graph.nodes)):
-        if _is_dead_check(node):
+        if not node.users and is_provably_pure(node):
             gm.graph.erase_node(node)
             erased = True
     if erased and recompile:

@@ -20,6 +20,20 @@ replaced by ``src``. Given a view chain for the region, :func:`build_scatter` ex
 ``select_scatter``/``slice_scatter``/``diagonal_scatter`` nested along the chain, inverting the
 pure re-indexing steps (permute, unsqueeze, squeeze, view). Chains with steps that overlap
 memory (expand, unfold) have no scatter form and are not rewritten.
+
+Note [Scatter along a chain]
+----------------------------
+Why the scatter form is exact, for any size, without running it. ``as_strided_scatter(self,
+src, S, T, O)`` copies ``self`` into a new tensor ``out`` (keeping ``self``'s strides and
+offset over a copy of its storage when ``self`` has no internal overlap, else a plain clone)
+and copies ``src`` through ``out.as_strided(S, T, O)``: the target is read in the layout L of
+the *output*, which the node's metadata records. If L maps logical indices to addresses
+one-to-one, and a chain of scatterable steps applied to a tensor of layout L gives the
+target's geometry (``verify_chain``), then each target index m sits at the one element phi(m)
+the chain selects (select, slice, diagonal and the re-indexings never repeat an element). So
+as_strided_scatter writes ``src[m]`` exactly where the nested ``*_scatter`` ops put it, and
+every other element is ``self``'s in both. The pass checks exactly these conditions, plus the
+output layout on meta tensors; nothing is sampled, so no size needs a shortcut.
 """
 from __future__ import annotations
 

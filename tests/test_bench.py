@@ -1,7 +1,8 @@
 """Smoke test of ``fxviews bench``: the quick run prints every table and writes its JSON.
 
-Only the output's shape is checked: titles, headers, one line per measured case, JSON keys.
-Timings depend on the machine and its load, so no test ever asserts one.
+The output's shape is checked (titles, headers, one line per measured case, JSON keys), and
+that every measured path ran: a path that raises fails the run. Timings depend on the machine
+and its load, so no test ever asserts one.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
                    "pass_us_per_node", "pass/trace", "tf/graph", "fxviews/aot_eager"):
         assert header in printed
 
+    assert bench.FAILED not in printed  # every measured path ran
     report = json.loads(out_path.read_text())
     assert set(report) == {"meta", "rows"}
     assert {"torch", "threads", "quick", "date"} <= set(report["meta"])
@@ -60,3 +62,14 @@ def test_rows_flag_selects_rows_and_rejects_unknown_ones(tiny, capsys) -> None:
 
     assert bench.main(["--rows", "vmap,nope"]) == 2
     assert "nope" in capsys.readouterr().out
+
+
+def test_a_measured_path_that_raises_fails_the_run(tiny, capsys, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("backend exploded")
+
+    monkeypatch.setattr(bench, "first_call_seconds", broken)
+    assert bench.main(["--quick", "--rows", "first_call"]) == 1
+    printed = capsys.readouterr().out
+    assert "measured paths failed" in printed
+    assert "first_call: n/a (error: RuntimeError: backend exploded)" in printed

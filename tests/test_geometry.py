@@ -17,6 +17,7 @@ from fxviews.passes.geometry import (
     embed,
     equivalent,
     find_exposed_address,
+    is_one_to_one,
 )
 from fxviews.passes.synthesis import synthesize
 from fxviews.passes.view_chain import apply_chain, describe_chain
@@ -27,7 +28,7 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 SETTINGS = settings(
-    # FXVIEWS_EXAMPLES=4000 for a thorough local run; 300 keeps the suite quick.
+    # `make fuzz` sets FXVIEWS_EXAMPLES for a thorough run; 300 keeps the suite quick.
     max_examples=int(os.environ.get("FXVIEWS_EXAMPLES", "300")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -223,3 +224,17 @@ def test_no_flatten_or_permute_beyond_what_the_target_needs() -> None:
     source = Geometry((2, 3, 4), (12, 4, 1), 0)
     chain = synthesize(source, Geometry((6,), (4,), 1))
     assert chain is not None and [step.name() for step in chain] == ["view", "select"]
+
+
+@SETTINGS
+@given(st.data())
+def test_one_to_one_is_never_claimed_for_overlapping_geometries(data: st.DataObject) -> None:
+    source = data.draw(sources())
+    if data.draw(st.booleans()):  # views of a source overlap too: unfold, expand
+        source = random_view(data.draw, source, 3)
+    geometry = Geometry.of(source)
+    addresses = list(geometry.addresses())
+    if is_one_to_one(geometry):
+        assert len(set(addresses)) == len(addresses), geometry
+    if source.is_contiguous():  # the sufficient condition holds for every dense layout
+        assert is_one_to_one(geometry), geometry
