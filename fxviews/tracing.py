@@ -12,14 +12,15 @@ import contextlib
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-)
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from fxviews.passes import FxViewsError
+from fxviews.passes.torch_internals import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+    force_original_view_tracking,
+    make_fx,
+)
 
 
 def trace(
@@ -49,7 +50,7 @@ def trace(
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
     replay = (
-        torch.autograd._force_original_view_tracking(True)
+        force_original_view_tracking(True)
         if view_replay
         else contextlib.nullcontext()
     )

@@ -36,8 +36,6 @@ from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address
@@ -46,6 +44,7 @@ from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
 from .synthesis import synthesize
+from .torch_internals import OpOverload, PassBase, PassResult, disable_current_modes
 from .view_chain import (
     METADATA_MUTATIONS,
     GraphEmitter,
@@ -76,7 +75,7 @@ class _Call:
     """An as_strided-family node, its parsed arguments and geometries."""
 
     node: torch.fx.Node
-    op: torch._ops.OpOverload  # the aten op, however the node spells it
+    op: OpOverload  # the aten op, however the node spells it
     source: torch.fx.Node
     src: torch.fx.Node | None  # the values scattered, for as_strided_scatter
     source_geometry: Geometry
@@ -124,7 +123,7 @@ class AsStridedToViews(PassBase):
             return PassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
         # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
-        with _disable_current_modes():
+        with disable_current_modes():
             return self._rewrite_all(graph_module, nodes)
 
     def _rewrite_all(
@@ -223,8 +222,7 @@ def _ensure_metadata(
     if node is None:
         return
     if example_inputs is not None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+        from .torch_internals import FakeTensorMode, FakeTensorProp
 
         try:
             # Parameters and constants of the module stay real: the mode must accept them.

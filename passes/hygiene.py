@@ -11,13 +11,14 @@ import torch
 import torch.fx
 
 from .graph_edits import OutputDeferringReplacer
+from .torch_internals import has_same_storage_numel, to_copy
 from .view_chain import METADATA_MUTATIONS, is_view_op
 
 aten = torch.ops.aten
 
 _METADATA_CHECKS = {
     aten.is_same_size.default,
-    aten._has_same_storage_numel.default,
+    has_same_storage_numel,
     aten.sym_size.int,
     aten.sym_stride.int,
     aten.sym_storage_offset.default,
@@ -31,7 +32,7 @@ def _is_dead_check(node: torch.fx.Node) -> bool:
     target = node.target
     if target in _METADATA_CHECKS:
         return True
-    if target is aten._to_copy.default and str(node.kwargs.get("device")) == "meta":
+    if target is to_copy and str(node.kwargs.get("device")) == "meta":
         return True
     # A dead view aliases and computes nothing; views never write (is_view_op checks that).
     return is_view_op(target)

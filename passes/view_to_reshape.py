@@ -40,16 +40,24 @@ from typing import Callable
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from .graph_edits import OutputDeferringReplacer, argument_nodes, arguments_by_name
 from .records import Record
+from .torch_internals import (
+    OpOverload,
+    PassBase,
+    PassResult,
+    SchemaArgument,
+    op_schema,
+    reshape_alias,
+    unsafe_view,
+)
 from .view_chain import GraphEmitter
 
 aten = torch.ops.aten
 
 #: View ops whose only layout assumption is that the input is viewable at the new sizes.
-RESHAPEABLE = (aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default)
+RESHAPEABLE = (aten.view.default, unsafe_view, reshape_alias)
 #: View ops that need their input's last dim to have stride 1.
 NEEDS_UNIT_LAST_STRIDE = (aten.view_as_complex.default,)
 
@@ -138,14 +146,14 @@ def _is_opaque(node: torch.fx.Node) -> bool:
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
-        and not isinstance(node.target, torch._ops.OpOverload)
+        and not isinstance(node.target, OpOverload)
     )
 
 
-def _bound_arguments(node: torch.fx.Node) -> list[tuple[torch._C.Argument, object]]:
+def _bound_arguments(node: torch.fx.Node) -> list[tuple[SchemaArgument, object]]:
     """(schema argument, value) pairs of an aten call, positional and keyword alike."""
     by_name = arguments_by_name(node, node.target)
-    return [(a, by_name[a.name]) for a in node.target._schema.arguments if a.name in by_name]
+    return [(a, by_name[a.name]) for a in op_schema(node.target).arguments if a.name in by_name]
 
 
 def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -166,16 +174,16 @@ def _aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return False
-    return any(r.alias_info is not None for r in node.target._schema.returns)
+    return any(r.alias_info is not None for r in op_schema(node.target).returns)
 
 
 def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The argument nodes ``node`` may write to: schema ``!`` annotations, or all if opaque."""
     if _is_opaque(node):
         return argument_nodes((node.args, node.kwargs))
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return []  # placeholders, get_attr, getitem: no writes
     return [
         value
