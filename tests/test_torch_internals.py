@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import inspect
+import logging
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from packaging.requirements import Requirement  # packaging comes with pytest
 from packaging.specifiers import SpecifierSet
 
+import fxviews
 import fxviews.passes.torch_internals as internals
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,6 +102,20 @@ def test_internals_take_the_keywords_fxviews_passes(name, keywords):
     parameters = inspect.signature(getattr(internals, name)).parameters
     missing = [k for k in keywords if k not in parameters]
     assert not missing, f"torch {torch.__version__}: {name} no longer takes {missing}"
+
+
+def test_inductor_tells_the_inner_compile_hook_which_graph_it_compiles(caplog):
+    # The backend names each graph from compile_fx_inner's is_backward keyword.
+    caplog.set_level(logging.DEBUG, logger="fxviews")
+    x = torch.randn(6, requires_grad=True)
+    windows = torch.compile(
+        lambda t: t.as_strided((4, 3), (1, 1)).sin().sum(),
+        backend=fxviews.backend(inner="inductor"),
+    )
+    windows(x).backward()
+    summaries = [r.getMessage() for r in caplog.records if "as_strided" in r.getMessage()]
+    assert any(m.startswith("backend, forward graph") for m in summaries), summaries
+    assert any(m.startswith("backend, backward graph") for m in summaries), summaries
 
 
 def test_the_aot_autograd_cache_switch_exists():
