@@ -6,6 +6,7 @@ naming it, before it breaks a user's graph.
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import inspect
 import logging
@@ -41,6 +42,22 @@ def test_a_missing_on_use_internal_is_named_with_the_supported_range(monkeypatch
     message = str(caught.value)
     assert "torch.fx.no_such_internal" in message
     assert torch.__version__ in message
+    assert internals.SUPPORTED_TORCH in message
+
+
+def test_a_missing_import_time_internal_is_named_with_the_supported_range(monkeypatch):
+    import torch._functorch.pyfunctorch as pyfunctorch
+
+    monkeypatch.delattr(pyfunctorch, "temporarily_clear_interpreter_stack")
+    try:
+        with pytest.raises(ImportError) as caught:
+            importlib.reload(internals)  # what `import fxviews` runs into on such a release
+    finally:
+        monkeypatch.undo()
+        importlib.reload(internals)
+    message = str(caught.value)
+    assert "temporarily_clear_interpreter_stack" in message
+    assert "torch._functorch.pyfunctorch" in message
     assert internals.SUPPORTED_TORCH in message
 
 
