@@ -5,8 +5,14 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxviews-installed
+# `make test-newest-torch`: the whole suite again, in its own virtualenv, on the newest torch
+# release the declared range allows (the newest patch of the last minor release in it).
+NEWEST_VENV ?= .venv-newest-torch
+NEWEST_TORCH ?= ~=2.15.0
+NEWEST_PY := $(NEWEST_VENV)/bin/python
+NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 
-.PHONY: setup test demo bench fuzz clean
+.PHONY: setup test test-newest-torch demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -33,6 +39,22 @@ fuzz: setup
 	FXVIEWS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
 		--hypothesis-show-statistics $(FUZZ_TESTS)
 
+$(NEWEST_PY):
+	$(PYTHON) -m venv $(NEWEST_VENV)
+
+# One pip call, so torch and fxviews resolve together. A machine's pip configuration may cap
+# torch with a global constraints file (to keep everyday installs on local wheels): an empty
+# constraints file in PIP_CONSTRAINT (pip ignores an empty value) lifts that cap for this call
+# only, and changes nothing where there is none.
+$(NEWEST_STAMP): pyproject.toml | $(NEWEST_PY)
+	$(NEWEST_PY) -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(NEWEST_PY) -m pip install -q 'torch$(NEWEST_TORCH)' -e '.[test]'
+	touch $(NEWEST_STAMP)
+
+test-newest-torch: $(NEWEST_STAMP)
+	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
+	$(NEWEST_PY) -m pytest -q -p no:cacheprovider tests
+
 demo: setup
 	$(PY) -m fxviews demo
 
@@ -40,4 +62,4 @@ bench: setup
 	$(PY) -m fxviews bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(NEWEST_VENV) build *.egg-info

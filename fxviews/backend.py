@@ -20,9 +20,9 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence, Union
 
-import torch
 from torch.fx import GraphModule
 
+from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import report_rewrite
 from fxviews.rewriting import rewrite_in_place
 from fxviews.tracing import tracing_lock
@@ -119,15 +119,18 @@ def _aot_backend(
     """Lower with AOTAutograd as ``aot_eager`` does, rewriting each graph before ``inner``."""
     # Imported on use: Dynamo and AOTAutograd take over a second to import, and users of
     # transform/rewrite alone never need them.
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
+    from fxviews.passes.torch_internals import (
+        aot_autograd,
+        make_boxed_func,
+        min_cut_rematerialization_partition,
+    )
 
     def compiler_for(kind: str) -> Callable[[GraphModule, Sequence[Any]], CompiledFn]:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
             _rewrite_in_place(gm, strict, kind)
             compiled = inner(gm, example_inputs)
             # AOTAutograd passes one list of arguments to compiled graphs marked _boxed_call.
-            if getattr(compiled, "_boxed_call", False):
+            if is_boxed_call(compiled):
                 return compiled
             return make_boxed_func(compiled)
 
@@ -155,7 +158,7 @@ def _inductor_backend(
     to compile, forward and backward, so the engine runs between AOTAutograd and Inductor.
     """
     # Imported on use: Inductor takes seconds to import and eager users never need it.
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from fxviews.passes.torch_internals import compile_fx, compile_fx_inner, functorch_config
 
     def rewrite_then_compile(gm: GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         kind = "backward" if kwargs.get("is_backward") else (
@@ -169,7 +172,7 @@ def _inductor_backend(
         # inner_compile: a hit would return graphs that never went through the engine, and a
         # save would hand rewritten graphs to plain Inductor. Inductor's own FX graph cache keys
         # on the rewritten graph and stays on.
-        with torch._functorch.config.patch(enable_autograd_cache=False):
+        with functorch_config.patch(enable_autograd_cache=False):
             return compile_fx(
                 gm,
                 example_inputs,
@@ -203,7 +206,7 @@ def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
 
 
 def _graph_name(kind: str) -> str:
-    compile_id = torch._guards.CompileContext.current_compile_id()
+    compile_id = CompileContext.current_compile_id()
     return f"{kind} graph" + (f" of compile {compile_id}" if compile_id is not None else "")
 
 
@@ -226,7 +229,9 @@ def _register() -> None:
     """
     if entry_points(group="torch_dynamo_backends", name="fxviews"):
         return
-    torch._dynamo.register_backend(fxviews_backend, name="fxviews")
+    from fxviews.passes.torch_internals import register_backend
+
+    register_backend(fxviews_backend, name="fxviews")
 
 
 _register()

@@ -152,9 +152,11 @@ def first_call_seconds(
     traces) from scratch, as a fresh function in a warm process does. ``backward=True`` also
     runs the backward of the output, which compiles the backward graph.
     """
+    # Imported on use: Dynamo takes over a second to import, and most benchmarks never need it.
+    from fxviews.passes.torch_internals import reset_dynamo
 
     def once() -> float:
-        torch._dynamo.reset()
+        reset_dynamo()
         fn = wrap(make_fn())
         start = time.perf_counter()
         with torch.compiler.config.patch(force_disable_caches=True):
@@ -167,7 +169,7 @@ def first_call_seconds(
         once()  # imports, lazy initialisation and Dynamo's own first-time costs
         return statistics.median(once() for _ in range(repeats))
     finally:
-        torch._dynamo.reset()
+        reset_dynamo()
 
 
 #: How a note starts when the path it measures raised: the run then exits with status 1.

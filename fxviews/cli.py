@@ -18,10 +18,10 @@ import textwrap
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
 
 import fxviews
 from fxviews.examples import f, push_jvp, seed_args
+from fxviews.passes.torch_internals import pytree
 from fxviews.printouts import DEFAULT_WIDTH, format_result
 
 __all__ = ["COMMANDS", "build_parser", "main", "positive_int"]

@@ -26,11 +26,12 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch._prims_common import make_contiguous_strides_for
 from torch.export import ExportedProgram
 
 from fxviews.exporting import rewrite_exported
 from fxviews.passes import FxViewsError, Geometry
+from fxviews.passes import torch_internals as internals
+from fxviews.passes.torch_internals import make_contiguous_strides_for
 from fxviews.passes.view_chain import bind_as_strided
 
 __all__ = ["export_onnx"]
@@ -132,8 +133,7 @@ def _traced_on_an_example(model: Any) -> bool:
 
 def _check_onnx_exact(node: torch.fx.Node) -> None:
     """Raise unless ONNX's flat lowering of this as_strided(_scatter) gives eager's values."""
-    # Imported here: it loads sympy, which `import fxviews` does not need.
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    statically_known_true = internals.statically_known_true
 
     bound = bind_as_strided(node)
     source, sizes, strides = bound["self"], bound["size"], bound["stride"]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-from torch._C import _functorch as functorch_c
+
+from fxviews.passes import torch_internals as internals
 
 
 @dataclass(frozen=True)
@@ -47,29 +48,29 @@ class TorchStateSnapshot:
     def take(cls) -> TorchStateSnapshot:
         return cls(
             grad_enabled=torch.is_grad_enabled(),
-            forward_grad_enabled=torch._C._is_fwd_grad_enabled(),
-            view_replay=torch._C._is_view_replay_enabled(),
-            inplace_requires_grad_allowed=functorch_c.get_inplace_requires_grad_allowed(),
-            dispatch_modes=torch._C._len_torch_dispatch_stack(),
-            function_modes=torch._C._len_torch_function_stack(),
-            functorch_depth=functorch_c.get_dynamic_layer_stack_depth(),
-            python_dual_level=torch.autograd.forward_ad._current_level,
-            included_keys=str(torch._C._dispatch_tls_local_include_set()),
-            excluded_keys=str(torch._C._dispatch_tls_local_exclude_set()),
+            forward_grad_enabled=internals.is_fwd_grad_enabled(),
+            view_replay=internals.is_view_replay_enabled(),
+            inplace_requires_grad_allowed=internals.get_inplace_requires_grad_allowed(),
+            dispatch_modes=internals.dispatch_mode_depth(),
+            function_modes=internals.function_mode_depth(),
+            functorch_depth=internals.functorch_layer_depth(),
+            python_dual_level=internals.python_dual_level(),
+            included_keys=str(internals.dispatch_tls_include_set()),
+            excluded_keys=str(internals.dispatch_tls_exclude_set()),
         )
 
     def restore(self) -> None:
-        torch._C._set_grad_enabled(self.grad_enabled)
-        torch._C._set_fwd_grad_enabled(self.forward_grad_enabled)
-        torch._C._set_view_replay_enabled(self.view_replay)
-        functorch_c.set_inplace_requires_grad_allowed(self.inplace_requires_grad_allowed)
-        while torch._C._len_torch_dispatch_stack() > self.dispatch_modes:
-            torch._C._pop_torch_dispatch_stack()
-        while torch._C._len_torch_function_stack() > self.function_modes:
-            torch._C._pop_torch_function_stack()
-        if functorch_c.get_dynamic_layer_stack_depth() > self.functorch_depth:
-            functorch_c.pop_dynamic_layer_stack_and_undo_to_depth(self.functorch_depth)
-        torch.autograd.forward_ad._current_level = self.python_dual_level
+        torch.set_grad_enabled(self.grad_enabled)
+        internals.set_fwd_grad_enabled(self.forward_grad_enabled)
+        internals.set_view_replay_enabled(self.view_replay)
+        internals.set_inplace_requires_grad_allowed(self.inplace_requires_grad_allowed)
+        while internals.dispatch_mode_depth() > self.dispatch_modes:
+            internals.pop_dispatch_mode()
+        while internals.function_mode_depth() > self.function_modes:
+            internals.pop_function_mode()
+        if internals.functorch_layer_depth() > self.functorch_depth:
+            internals.pop_functorch_layers_to(self.functorch_depth)
+        internals.set_python_dual_level(self.python_dual_level)
 
 
 @contextlib.contextmanager
@@ -84,7 +85,7 @@ def preserved_torch_state() -> Iterator[None]:
     """
     snapshot = TorchStateSnapshot.take()
     # The guard saves the thread-local dispatch key sets on entry and reinstates them on exit.
-    with torch._C._PreserveDispatchKeyGuard():
+    with internals.PreserveDispatchKeyGuard():
         try:
             yield
         finally:

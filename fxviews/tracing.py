@@ -38,21 +38,32 @@ import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import (
+from torch.overrides import TorchFunctionMode
+
+from fxviews.passes import FxViewsError
+from fxviews.passes import torch_internals as internals
+from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorDeviceMismatchError,
     FakeTensorMode,
+    GuardOnDataDependentSymNode,
+    OpOverload,
+    ShapeEnv,
+    TorchDispatchMode,
+    disable_current_modes,
+    force_original_view_tracking,
+    get_unwrapped,
+    has_storage,
+    is_batchedtensor,
+    is_functorch_wrapped_tensor,
+    is_zerotensor,
+    make_fx,
+    maybe_get_bdim,
+    op_schema,
+    pytree,
 )
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-
-from fxviews.passes import FxViewsError
 from fxviews.rewriting import TRACED_WITH
 from fxviews.torch_state import preserved_torch_state
 
@@ -216,7 +227,7 @@ def _view_replay(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    with torch.autograd._force_original_view_tracking(True):
+    with force_original_view_tracking(True):
         yield
 
 
@@ -432,13 +443,10 @@ def _plain_sample(value: torch.Tensor) -> torch.Tensor:
     Arguments wrapped by enclosing transforms are unwrapped (one batch entry of a vmapped one);
     fake and meta tensors have no values, and give zeros.
     """
-    functorch_c = torch._C._functorch
     with torch.no_grad():
-        while functorch_c.is_functorch_wrapped_tensor(value):
-            batch_dim = functorch_c.maybe_get_bdim(value) if functorch_c.is_batchedtensor(
-                value
-            ) else -1
-            value = functorch_c.get_unwrapped(value)
+        while is_functorch_wrapped_tensor(value):
+            batch_dim = maybe_get_bdim(value) if is_batchedtensor(value) else -1
+            value = get_unwrapped(value)
             if batch_dim >= 0:
                 value = value.select(batch_dim, 0)
     if isinstance(value, FakeTensor) or value.device.type == "meta":
@@ -525,11 +533,11 @@ class _TraceGuard(TorchDispatchMode):
         self._layouts.setdefault(id(tensor), layout)
         if key not in self._saved:
             storage = tensor.untyped_storage()
-            with _disable_current_modes(), torch.no_grad():
+            with disable_current_modes(), torch.no_grad():
                 self._saved[key] = (storage, storage.clone())
 
     def restore_foreign_writes(self) -> None:
-        with _disable_current_modes(), torch.no_grad():
+        with disable_current_modes(), torch.no_grad():
             for tensor, shape, stride, offset in self._layouts.values():
                 if (tensor.shape, tensor.stride(), tensor.storage_offset()) != (
                     shape, stride, offset
@@ -548,16 +556,16 @@ def _storage_key(value: Any) -> int | None:
     if isinstance(value, FakeTensor) or value.device.type == "meta":
         return None  # no memory a trace could write for real
     # Efficient zero tensors (forward AD's zero tangents) carry a storage without memory.
-    if value._is_zerotensor() or not torch._C._has_storage(value):
+    if is_zerotensor(value) or not has_storage(value):
         return None
     return value.untyped_storage().data_ptr()
 
 
 def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors ``func`` writes to, by its schema's alias annotations."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
+    if not isinstance(func, OpOverload):
         return []
+    schema = op_schema(func)
     bound = dict(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
     written = []
@@ -587,7 +595,8 @@ def _recompute_layouts(
         with preserved_torch_state():
             try:
                 with guard:
-                    FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*flat)
+                    prop = internals.FakeTensorProp(gm, mode=mode)
+                    prop.propagate_dont_convert_inputs(*flat)
             finally:
                 guard.restore_foreign_writes()
     except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown

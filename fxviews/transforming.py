@@ -15,9 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import torch
-import torch.utils._pytree as pytree
-from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-from torch.utils._python_dispatch import _disable_current_modes
+
+from fxviews.passes.torch_internals import (
+    disable_current_modes,
+    is_functorch_wrapped_tensor,
+    pytree,
+    temporarily_clear_interpreter_stack,
+)
 
 from fxviews.printouts import logger, report_rewrite
 from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
@@ -332,7 +336,7 @@ def _outside_transforms() -> Iterator[None]:
     """
     with contextlib.ExitStack() as stack:
         stack.enter_context(temporarily_clear_interpreter_stack())
-        stack.enter_context(_disable_current_modes())
+        stack.enter_context(disable_current_modes())
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         yield
@@ -354,7 +358,7 @@ def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            if torch._C._functorch.is_functorch_wrapped_tensor(obj):
+            if is_functorch_wrapped_tensor(obj):
                 raise TracingError(
                     f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "
                     f"tensor wrapped by an enclosing torch.func transform, whose derivative or "

@@ -29,6 +29,7 @@ import torch
 import torch.fx
 
 from .graph_edits import argument_nodes, arguments_by_name
+from .torch_internals import OpOverload, SchemaArgument, op_schema
 
 
 class _AliasClasses:
@@ -150,14 +151,14 @@ def is_opaque(node: torch.fx.Node) -> bool:
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
-        and not isinstance(node.target, torch._ops.OpOverload)
+        and not isinstance(node.target, OpOverload)
     )
 
 
-def _bound_arguments(node: torch.fx.Node) -> list[tuple[torch._C.Argument, object]]:
+def _bound_arguments(node: torch.fx.Node) -> list[tuple[SchemaArgument, object]]:
     """(schema argument, value) pairs of an aten call, positional and keyword alike."""
     by_name = arguments_by_name(node, node.target)
-    return [(a, by_name[a.name]) for a in node.target._schema.arguments if a.name in by_name]
+    return [(a, by_name[a.name]) for a in op_schema(node.target).arguments if a.name in by_name]
 
 
 def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -178,16 +179,16 @@ def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return False
-    return any(r.alias_info is not None for r in node.target._schema.returns)
+    return any(r.alias_info is not None for r in op_schema(node.target).returns)
 
 
 def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The argument nodes ``node`` may write to: schema ``!`` annotations, or all if opaque."""
     if is_opaque(node):
         return argument_nodes((node.args, node.kwargs))
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return []  # placeholders, get_attr, getitem: no writes
     return [
         value

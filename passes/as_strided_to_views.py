@@ -47,8 +47,6 @@ from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
@@ -57,6 +55,15 @@ from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
 from .synthesis import synthesize
+from . import torch_internals as internals
+from .torch_internals import (
+    FakeTensorMode,
+    OpOverload,
+    PassBase,
+    PassResult,
+    disable_current_modes,
+    graph_pytree_info,
+)
 from .view_chain import (
     METADATA_MUTATIONS,
     GraphEmitter,
@@ -88,7 +95,7 @@ class _Call:
     """An as_strided-family node, its parsed arguments and geometries."""
 
     node: torch.fx.Node
-    op: torch._ops.OpOverload  # the aten op, however the node spells it
+    op: OpOverload  # the aten op, however the node spells it
     source: torch.fx.Node
     src: torch.fx.Node | None  # the values scattered, for as_strided_scatter
     source_geometry: Geometry
@@ -136,7 +143,7 @@ class AsStridedToViews(PassBase):
             return PassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
         # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
-        with _disable_current_modes():
+        with disable_current_modes():
             if not self.strict:
                 modified = self._rewrite_all(graph_module)
                 if modified and self.recompile:
@@ -287,7 +294,7 @@ def _graph_inputs(gm: torch.fx.GraphModule) -> tuple[list[str] | None, int]:
     None when the signature takes any number (``*args``). A graph traced from nested inputs
     (make_fx's pytree code) takes its original arguments, not one per placeholder.
     """
-    info = getattr(gm.graph._codegen, "pytree_info", None)
+    info = graph_pytree_info(gm.graph)
     if info is not None and info.in_spec is not None:
         return list(info.orig_args), len(info.orig_args)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -312,16 +319,13 @@ def _ensure_metadata(
     if node is None:
         return
     if example_inputs is not None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
         try:
             # Parameters and constants of the module stay real: the mode must accept them.
             # Its dispatch cache would replay cached layouts (select_scatter at offset 0
             # where the kernel keeps its input's offset): layouts here are facts, so no cache.
             mode = FakeTensorMode(allow_non_fake_inputs=True)
             mode.cache_enabled = False
-            FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
+            internals.FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
         except (RuntimeError, TypeError, ValueError, IndexError) as err:
             # What ops raise on arguments that do not fit them: the inputs do not fit the graph.
             raise FxViewsError(

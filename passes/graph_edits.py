@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .torch_internals import OpOverload, op_schema
+
 
 class OutputDeferringReplacer:
     """Replace every use of nodes, remapping the output node's arguments once, at the end.
@@ -48,9 +50,9 @@ def argument_nodes(args: object) -> list[torch.fx.Node]:
     return found
 
 
-def arguments_by_name(node: torch.fx.Node, op: torch._ops.OpOverload) -> dict[str, object]:
+def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, object]:
     """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
-    bound = dict(zip((a.name for a in op._schema.arguments), node.args))
+    bound = dict(zip((a.name for a in op_schema(op).arguments), node.args))
     bound.update(node.kwargs)
     return bound
 

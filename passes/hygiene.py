@@ -21,9 +21,9 @@ import operator
 
 import torch
 import torch.fx
-from torch._library.utils import is_impure
 
 from .graph_edits import OutputDeferringReplacer
+from .torch_internals import OpOverload, is_impure, op_schema
 from .view_chain import METADATA_MUTATIONS
 
 aten = torch.ops.aten
@@ -43,11 +43,11 @@ def is_provably_pure(node: torch.fx.Node) -> bool:
     if target is operator.getitem:  # picking from an operator's tuple of results reads nothing
         parent = node.args[0]
         return isinstance(parent, torch.fx.Node) and isinstance(
-            parent.target, torch._ops.OpOverload
+            parent.target, OpOverload
         )
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, OpOverload):
         return False
-    schema = target._schema
+    schema = op_schema(target)
     return (
         bool(schema.returns)
         and not schema.is_mutable

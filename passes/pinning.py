@@ -56,13 +56,25 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .aliasing import AliasAnalysis, is_opaque
 from .geometry import Geometry, equivalent
 from .errors import FxViewsError
 from .graph_edits import argument_nodes, describe_call
 from .records import Record, RecordingPass
+from .torch_internals import (
+    PassResult,
+    embedding_bag,
+    embedding_bag_forward_only,
+    flash_attention_cpu,
+    flash_attention_cpu_backward,
+    linalg_det,
+    linalg_slogdet,
+    pdist_backward,
+    pdist_forward,
+    reshape_alias,
+    unsafe_view,
+)
 from .view_chain import AS_STRIDED_OPS, GraphEmitter, bind_as_strided
 
 aten = torch.ops.aten
@@ -79,22 +91,22 @@ aten = torch.ops.aten
 #: (layout-bound views: their buffers are pinned instead) and ``resize_`` (an in-place metadata
 #: change whose batching rule needs the batch dim first: no copy can help).
 LAYOUT_KERNELS: dict[Any, str] = {
-    aten._scaled_dot_product_flash_attention_for_cpu.default: "silently wrong numbers",
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "silently wrong numbers",
-    aten._embedding_bag_forward_only.default: "silently wrong numbers",
-    aten._embedding_bag.default: "silently wrong numbers",
+    flash_attention_cpu: "silently wrong numbers",
+    flash_attention_cpu_backward: "silently wrong numbers",
+    embedding_bag_forward_only: "silently wrong numbers",
+    embedding_bag: "silently wrong numbers",
     aten.fractional_max_pool2d_backward.default: "silently wrong numbers",
-    aten._linalg_det.default: "silently wrong LU factors",
-    aten._linalg_slogdet.default: "silently wrong LU factors",
+    linalg_det: "silently wrong LU factors",
+    linalg_slogdet: "silently wrong LU factors",
     aten.native_group_norm.default: "raises: Expected X.is_contiguous(memory_format)",
-    aten._pdist_forward.default: "raises: _pdist_forward requires contiguous input",
-    aten._pdist_backward.default: "raises: _pdist_backward requires self to be contiguous",
+    pdist_forward: "raises: _pdist_forward requires contiguous input",
+    pdist_backward: "raises: _pdist_backward requires self to be contiguous",
 }
 
 #: Views that fail when they merge dims the layout does not let them merge.
-_MERGING_VIEWS = (aten.view.default, aten._unsafe_view.default)
+_MERGING_VIEWS = (aten.view.default, unsafe_view)
 #: Nodes that bake strides (and an offset) relative to their input's traced layout.
-_BAKED_STRIDES = (aten._reshape_alias.default, *AS_STRIDED_OPS)
+_BAKED_STRIDES = (reshape_alias, *AS_STRIDED_OPS)
 #: Layout-bound nodes vmap gets wrong whatever the layout (torch 2.13): pinning cannot help.
 _VMAP_REFUSES = {
     aten.as_strided_.default: "vmap has no rule for in-place as_strided_ and its fallback "

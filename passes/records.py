@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch.fx.passes.infra.pass_base import PassBase
+from .torch_internals import PassBase
 
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
 #: layout-bound node: its layout could not be pinned); "pinned" that a layout-bound node now

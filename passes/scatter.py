@@ -41,9 +41,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
-from torch._prims_common import make_contiguous_strides_for
 
 from .geometry import Geometry
+from .torch_internals import make_contiguous_strides_for
 from .view_chain import Evaluator, ViewChain, ViewStep, as_strided_op, bind_as_strided
 
 aten = torch.ops.aten

@@ -15,6 +15,7 @@ import torch.fx
 
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, arguments_by_name
+from .torch_internals import OpOverload, op_schema, storage_identity
 
 aten = torch.ops.aten
 
@@ -56,7 +57,7 @@ _TORCH_LEVEL_AS_STRIDED = {
 }
 
 
-def as_strided_op(node: torch.fx.Node) -> torch._ops.OpOverload | None:
+def as_strided_op(node: torch.fx.Node) -> OpOverload | None:
     """The aten as_strided-family op ``node`` calls, however it is spelled, or None."""
     if node.op == "call_function" and node.target in AS_STRIDED_OPS:
         return node.target
@@ -176,7 +177,7 @@ def verify_chain(chain: Sequence[ViewStep], source: Geometry, target: Geometry) 
         return False
     return (
         isinstance(out, torch.Tensor)
-        and out.untyped_storage()._cdata == start.untyped_storage()._cdata
+        and storage_identity(out) == storage_identity(start)
         and equivalent(Geometry.of(out), target)
     )
 
@@ -185,13 +186,13 @@ def is_view_op(op: Callable[..., Any]) -> bool:
     """Whether ``op`` returns an alias of its first argument without writing to it."""
     if op is operator.getitem:
         return True
-    return isinstance(op, torch._ops.OpOverload) and _schema_is_view(op)
+    return isinstance(op, OpOverload) and _schema_is_view(op)
 
 
 @functools.lru_cache(maxsize=None)
-def _schema_is_view(op: torch._ops.OpOverload) -> bool:
+def _schema_is_view(op: OpOverload) -> bool:
     # Cached: asked for every node of every graph, and an op's schema never changes.
-    schema = op._schema
+    schema = op_schema(op)
     if not schema.arguments or not schema.returns:
         return False
     source_alias = schema.arguments[0].alias_info

@@ -36,17 +36,17 @@ from typing import Callable
 
 import torch
 import torch.fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .aliasing import AliasAnalysis
 from .graph_edits import OutputDeferringReplacer, describe_call
 from .records import Record, RecordingPass
+from .torch_internals import PassResult, reshape_alias, unsafe_view
 from .view_chain import GraphEmitter
 
 aten = torch.ops.aten
 
 #: View ops whose only layout assumption is that the input is viewable at the new sizes.
-RESHAPEABLE = (aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default)
+RESHAPEABLE = (aten.view.default, unsafe_view, reshape_alias)
 #: View ops that need their input's last dim to have stride 1.
 NEEDS_UNIT_LAST_STRIDE = (aten.view_as_complex.default,)
 

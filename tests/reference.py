@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
+
+from fxviews.passes.torch_internals import pytree
 
 __all__ = [
     "AS_STRIDED_FAMILY",

@@ -15,13 +15,18 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from functorch.compile import min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.exc import BackendCompilerFailed
 
 import fxviews
 from fxviews.examples import push_jvp
 from fxviews.backend import fxviews_backend
+from fxviews.passes.torch_internals import (
+    BackendCompilerFailed,
+    aot_autograd,
+    list_backends,
+    lookup_backend,
+    min_cut_rematerialization_partition,
+    reset_dynamo,
+)
 
 AS_STRIDED_OPS = {
     torch.ops.aten.as_strided.default,
@@ -34,9 +39,9 @@ AS_STRIDED_OPS = {
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     # Compiled frames and their guards outlive a test; each test compiles from scratch.
-    torch._dynamo.reset()
+    reset_dynamo()
     yield
-    torch._dynamo.reset()
+    reset_dynamo()
 
 
 # --- the functions under test -------------------------------------------------------------
@@ -137,7 +142,7 @@ def test_inner_callable_receives_rewritten_graphs(name):
     args = case.make_args()
     plain = Recorder()
     run(torch.compile(case.fn, backend=plain_aot(plain)), args, case.training)
-    torch._dynamo.reset()
+    reset_dynamo()
     rewritten = Recorder()
     compiled = torch.compile(case.fn, backend=fxviews.backend(inner=rewritten))
     assert_matches_eager(compiled, case, args)
@@ -157,7 +162,7 @@ def test_vmap_of_jvp_with_batch_dims_not_first():
     batched = [torch.stack([s[i] for s in samples], dim=d) for i, d in enumerate(in_dims)]
     plain = Recorder()
     torch.compile(torch.vmap(push_jvp, in_dims=in_dims), backend=plain_aot(plain))(*batched)
-    torch._dynamo.reset()
+    reset_dynamo()
     recorder = Recorder()
     compiled = torch.compile(
         torch.vmap(push_jvp, in_dims=in_dims), backend=fxviews.backend(inner=recorder)
@@ -172,7 +177,7 @@ def test_vmap_of_jvp_with_batch_dims_not_first():
 
     expected = torch.vmap(push_jvp, in_dims=in_dims)(*batched)
     for options in ({}, {"inner": "inductor"}):
-        torch._dynamo.reset()
+        reset_dynamo()
         vmapped = torch.vmap(push_jvp, in_dims=in_dims)
         compiled = torch.compile(vmapped, backend="fxviews", options=options)
         torch.testing.assert_close(compiled(*batched), expected)
@@ -183,7 +188,7 @@ def test_inner_inductor_through_options_matches_eager(monkeypatch, capsys):
     args = case.make_args()
     # Plain Inductor first: its AOTAutograd cache entry must not stand in for the rewrite.
     torch.compile(case.fn, backend="inductor")(*args)
-    torch._dynamo.reset()
+    reset_dynamo()
     monkeypatch.setenv("FXVIEWS_DEBUG", "1")
     compiled = torch.compile(case.fn, backend="fxviews", options={"inner": "inductor"})
     assert_matches_eager(compiled, case, args)
@@ -261,8 +266,8 @@ def test_no_printout_without_debug_env(monkeypatch, capsys):
 
 
 def test_registered_name_resolves_to_the_backend():
-    assert "fxviews" in torch._dynamo.list_backends()
-    assert torch._dynamo.lookup_backend("fxviews") is fxviews_backend
+    assert "fxviews" in list_backends()
+    assert lookup_backend("fxviews") is fxviews_backend
 
 
 def test_entry_point_works_without_importing_fxviews():

@@ -41,10 +41,10 @@ from typing import Any, Callable
 
 import pytest
 import torch
-import torch.utils._pytree as pytree
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
+from fxviews.passes.torch_internals import pytree
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,

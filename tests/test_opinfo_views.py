@@ -30,10 +30,9 @@ import pytest
 import torch
 from torch.func import jvp, vmap
 
-# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
-from torch.testing._internal.common_methods_invocations import op_db
-
 import fxviews
+# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
+from fxviews.passes.torch_internals import op_db
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,

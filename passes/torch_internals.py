@@ -1,0 +1,322 @@
+"""Every private PyTorch internal fxviews touches, in one place.
+
+PyTorch may move or rename any of these in a release, without deprecation. The rest of fxviews,
+engine and front door alike, imports them from here only, so supporting a new release is a
+change to this file, and the test suite resolves each name through it, so a rename fails loudly.
+
+Names bound at import are ones ``import torch`` (or ``import fxviews``) loads anyway. Dynamo,
+AOTAutograd and Inductor take seconds to import and only the torch.compile backend needs them:
+their internals resolve on first use, through the module ``__getattr__``. Each entry says what
+fxviews uses it for and the first release that has it in the form used here; fxviews itself is
+tested on the releases in its declared range (see the README).
+
+Example::
+
+    >>> from fxviews.passes.torch_internals import storage_identity
+    >>> x = torch.zeros(4)
+    >>> storage_identity(x[1:]) == storage_identity(x)
+    True
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+#: The torch releases fxviews is tested on; named in every error about a missing internal.
+SUPPORTED_TORCH = ">=2.13,<2.16"
+
+
+def missing_internal_error(path: str, cause: BaseException) -> ImportError:
+    """The error for an internal ``path`` (``module.attribute``) this torch does not provide."""
+    return ImportError(
+        f"fxviews needs the PyTorch internal {path}, which torch {torch.__version__} does not "
+        f"provide ({cause}). fxviews supports torch {SUPPORTED_TORCH}."
+    )
+
+
+try:
+    # pytree flattening of arguments and results (the cache key, the graph's output spec). 1.8.
+    import torch.utils._pytree as pytree
+
+    # Dispatch modes: fake tensors for tracing (FakeTensorMode) and the errors make_fx raises on
+    # value-dependent output (*Exception), 1.13; step out of every active mode while the engine
+    # verifies chains on meta tensors and while transform traces (_disable_current_modes), 2.0.
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensor,
+        FakeTensorDeviceMismatchError,
+        FakeTensorMode,
+    )
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+
+    # Which ops the dead-code step may erase: random, in-place and side-effecting ones never
+    # (is_impure, 2.6).
+    from torch._library.utils import is_impure
+
+    # The tracer (make_fx, fake mode since 1.13), its symbolic shapes for .item() and boolean
+    # masks (ShapeEnv, 1.13) and its error on Python control flow over tensor values
+    # (GuardOnDataDependentSymNode, 2.1).
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
+    from torch.fx.passes.infra.pass_base import PassBase, PassResult
+
+    # The functorch interpreter stack: transform traces outside every active torch.func
+    # transform (temporarily_clear_interpreter_stack, 2.1) and refuses closures over tensors a
+    # transform wrapped (is_functorch_wrapped_tensor, 2.0).
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    from torch._C._functorch import is_functorch_wrapped_tensor
+
+    # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
+    # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
+    # maybe_get_bdim). 2.0.
+    from torch._C._functorch import get_unwrapped, is_batchedtensor, maybe_get_bdim
+
+    # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
+    # functorch's transform stack (get_dynamic_layer_stack_depth,
+    # pop_dynamic_layer_stack_and_undo_to_depth) and in-place flag, 2.0; the dispatch and
+    # function mode stacks, 2.0; forward-grad mode, 1.13; view replay, 2.0; the thread-local
+    # dispatch key sets and the guard that restores them (_PreserveDispatchKeyGuard), 2.1.
+    from torch._C._functorch import (
+        get_dynamic_layer_stack_depth as functorch_layer_depth,
+        get_inplace_requires_grad_allowed,
+        pop_dynamic_layer_stack_and_undo_to_depth as pop_functorch_layers_to,
+        set_inplace_requires_grad_allowed,
+    )
+    from torch._C import (
+        _PreserveDispatchKeyGuard as PreserveDispatchKeyGuard,
+        _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
+        _dispatch_tls_local_include_set as dispatch_tls_include_set,
+        _is_fwd_grad_enabled as is_fwd_grad_enabled,
+        _is_view_replay_enabled as is_view_replay_enabled,
+        _len_torch_dispatch_stack as dispatch_mode_depth,
+        _len_torch_function_stack as function_mode_depth,
+        _pop_torch_dispatch_stack as pop_dispatch_mode,
+        _pop_torch_function_stack as pop_function_mode,
+        _set_fwd_grad_enabled as set_fwd_grad_enabled,
+        _set_view_replay_enabled as set_view_replay_enabled,
+    )
+    from torch.autograd import forward_ad as _forward_ad
+
+    # Tensors without memory a trace could write: efficient zero tensors, storage-less ones.
+    # 1.13.
+    from torch._C import _has_storage as has_storage
+
+    # Aten operator overloads and their schemas (OpOverload, 1.12; its schema's Argument, 1.0):
+    # which ops are views, which arguments a call aliases or writes.
+    from torch._ops import OpOverload
+    from torch._C import Argument as SchemaArgument
+
+    # Contiguous strides for given sizes, used to build a scatter buffer's geometry. 1.13.
+    from torch._prims_common import make_contiguous_strides_for
+
+    # Autograd's view replay, under which forward AD records the user's own view ops instead of
+    # as_strided (the tracer's view_replay=True option). 2.0.
+    from torch.autograd import _force_original_view_tracking as force_original_view_tracking
+
+    # The compile id of the graph being compiled, named in the backend's printouts. 2.2.
+    from torch._guards import CompileContext
+except ImportError as err:
+    # A name missing from a module that exists: err.name is that module, the message names both.
+    raise missing_internal_error(err.name or "a torch module", err) from err
+
+
+def _aten_overload(name: str) -> OpOverload:
+    """The default overload of the private aten operator ``name``."""
+    try:
+        return getattr(torch.ops.aten, name).default
+    except AttributeError as err:
+        raise missing_internal_error(f"torch.ops.aten.{name}.default", err) from err
+
+
+# Private aten operators the engine recognises by name.
+# forward AD's metadata check, dead after tracing: hygiene removes it. 1.11.
+has_same_storage_numel = _aten_overload("_has_same_storage_numel")
+# dtype/device conversion; to the meta device it is a dead copy hygiene removes. 1.10.
+to_copy = _aten_overload("_to_copy")
+# Merging views the reshape step turns into reshape (_unsafe_view 1.0, _reshape_alias 1.11).
+unsafe_view = _aten_overload("_unsafe_view")
+reshape_alias = _aten_overload("_reshape_alias")
+
+
+# Layout-assuming kernels the pinning step gives contiguous arguments (measured; see pinning).
+# SDPA's flash kernel for CPU and its backward, 2.1; embedding_bag's, 1.9; det/slogdet's LU,
+# 1.13; pdist's, 1.0.
+flash_attention_cpu = _aten_overload("_scaled_dot_product_flash_attention_for_cpu")
+flash_attention_cpu_backward = _aten_overload(
+    "_scaled_dot_product_flash_attention_for_cpu_backward"
+)
+embedding_bag_forward_only = _aten_overload("_embedding_bag_forward_only")
+embedding_bag = _aten_overload("_embedding_bag")
+linalg_det = _aten_overload("_linalg_det")
+linalg_slogdet = _aten_overload("_linalg_slogdet")
+pdist_forward = _aten_overload("_pdist_forward")
+pdist_backward = _aten_overload("_pdist_backward")
+
+
+def python_dual_level() -> int:
+    """The forward-AD level ``torch.autograd.forward_ad.dual_level`` entered last (-1: none)."""
+    return _forward_ad._current_level
+
+
+def set_python_dual_level(level: int) -> None:
+    """Reset the level :func:`python_dual_level` reads (restored after a failed trace)."""
+    _forward_ad._current_level = level
+
+
+def is_zerotensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is an efficient zero tensor (forward AD's zero tangents), 1.11."""
+    return tensor._is_zerotensor()
+
+
+def graph_pytree_info(graph: torch.fx.Graph) -> Any:
+    """The pytree calling convention make_fx gives a graph over nested inputs, or None.
+
+    ``graph._codegen.pytree_info`` (``orig_args``, ``in_spec``), 1.13.
+    """
+    return getattr(graph._codegen, "pytree_info", None)
+
+
+def op_schema(op: OpOverload) -> torch._C.FunctionSchema:
+    """The schema of an aten operator overload (its ``_schema``, 1.12).
+
+    Example::
+
+        >>> [a.name for a in op_schema(torch.ops.aten.select.int).arguments]
+        ['self', 'dim', 'index']
+    """
+    return op._schema
+
+
+def storage_identity(tensor: torch.Tensor) -> int:
+    """An id shared by exactly the tensors that view the same storage, meta tensors included.
+
+    The address of the storage's C++ object (``untyped_storage()._cdata``, 2.0): views share it,
+    copies never do, whatever their geometry.
+    """
+    return tensor.untyped_storage()._cdata
+
+
+def is_boxed_call(compiled: object) -> bool:
+    """Whether AOTAutograd calls ``compiled`` with one list of arguments (``_boxed_call``, 2.0)."""
+    return getattr(compiled, "_boxed_call", False)
+
+
+# Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
+_ON_USE: dict[str, tuple[str, str]] = {
+    # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
+    # boxing for compiled graphs and the default partitioner (functorch.compile, 2.0).
+    "aot_autograd": ("torch._dynamo.backends.common", "aot_autograd"),
+    "make_boxed_func": ("functorch.compile", "make_boxed_func"),
+    "min_cut_rematerialization_partition": (
+        "functorch.compile",
+        "min_cut_rematerialization_partition",
+    ),
+    # Inductor as the inner compiler: compile_fx's inner_compile hook gets each AOT graph. 2.0.
+    "compile_fx": ("torch._inductor.compile_fx", "compile_fx"),
+    "compile_fx_inner": ("torch._inductor.compile_fx", "compile_fx_inner"),
+    # AOT config patches: the backend turns the AOTAutograd cache off (enable_autograd_cache,
+    # 2.4), which would hand back graphs that never went through the engine.
+    "functorch_config": ("torch._functorch", "config"),
+    # Dynamo's backend registry (register_backend, list_backends, lookup_backend) and a fresh
+    # start between compilations (reset), 2.0; its wrapper for backend errors, 2.0.
+    "register_backend": ("torch._dynamo", "register_backend"),
+    "list_backends": ("torch._dynamo", "list_backends"),
+    "lookup_backend": ("torch._dynamo", "lookup_backend"),
+    "reset_dynamo": ("torch._dynamo", "reset"),
+    "BackendCompilerFailed": ("torch._dynamo.exc", "BackendCompilerFailed"),
+    # Whether a symbolic size expression holds for every value its symbols may take (ONNX
+    # export's exactness check; statically_known_true, 2.1). Its module loads sympy.
+    "statically_known_true": (
+        "torch.fx.experimental.symbolic_shapes",
+        "statically_known_true",
+    ),
+    # Metadata for graphs that lack it (FakeTensorProp, 2.0).
+    "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
+    # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
+    "op_db": ("torch.testing._internal.common_methods_invocations", "op_db"),
+}
+
+#: The internals bound at import, then those resolved on first use: every name this module serves.
+BOUND_NAMES = (
+    "pytree",
+    "DataDependentOutputException",
+    "DynamicOutputShapeException",
+    "FakeTensor",
+    "FakeTensorDeviceMismatchError",
+    "FakeTensorMode",
+    "TorchDispatchMode",
+    "disable_current_modes",
+    "is_impure",
+    "make_fx",
+    "GuardOnDataDependentSymNode",
+    "ShapeEnv",
+    "PassBase",
+    "PassResult",
+    "temporarily_clear_interpreter_stack",
+    "is_functorch_wrapped_tensor",
+    "get_unwrapped",
+    "is_batchedtensor",
+    "maybe_get_bdim",
+    "functorch_layer_depth",
+    "get_inplace_requires_grad_allowed",
+    "pop_functorch_layers_to",
+    "set_inplace_requires_grad_allowed",
+    "PreserveDispatchKeyGuard",
+    "dispatch_tls_exclude_set",
+    "dispatch_tls_include_set",
+    "is_fwd_grad_enabled",
+    "is_view_replay_enabled",
+    "dispatch_mode_depth",
+    "function_mode_depth",
+    "pop_dispatch_mode",
+    "pop_function_mode",
+    "set_fwd_grad_enabled",
+    "set_view_replay_enabled",
+    "has_storage",
+    "OpOverload",
+    "SchemaArgument",
+    "make_contiguous_strides_for",
+    "force_original_view_tracking",
+    "CompileContext",
+    "has_same_storage_numel",
+    "to_copy",
+    "unsafe_view",
+    "reshape_alias",
+    "flash_attention_cpu",
+    "flash_attention_cpu_backward",
+    "embedding_bag_forward_only",
+    "embedding_bag",
+    "linalg_det",
+    "linalg_slogdet",
+    "pdist_forward",
+    "pdist_backward",
+    "python_dual_level",
+    "set_python_dual_level",
+    "is_zerotensor",
+    "graph_pytree_info",
+    "op_schema",
+    "storage_identity",
+    "is_boxed_call",
+)
+ON_USE_NAMES = tuple(_ON_USE)
+__all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve an on-use internal, then keep it as a module attribute."""
+    if name not in _ON_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _ON_USE[name]
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise missing_internal_error(f"{module_name}.{attribute}", err) from err
+    globals()[name] = value
+    return value
+
