@@ -228,9 +228,10 @@ class _GraphCache:
         entry = self.entries.get(key)
         if entry is not None:
             self.hits += 1
-            # Another thread may have evicted the key since the read: the entry still works.
-            with contextlib.suppress(KeyError):
+            try:
                 self.entries.move_to_end(key)
+            except KeyError:  # another thread evicted it since the read: the entry still works
+                pass
         return entry
 
     def _insert(
