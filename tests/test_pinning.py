@@ -268,11 +268,16 @@ def test_without_pinning_the_flash_kernel_is_silently_wrong() -> None:
     samples = _sdpa_samples(3)
     raw = fxviews.rewrite(fxviews.trace(pull, *samples[0]), pin_layouts=False).graph_module
     in_dims = (4, 4, 4)
-    with pytest.raises(AssertionError, match="not close"):
-        assert_tree_close(
-            vmap(raw, in_dims=in_dims)(*stack_batched(samples, in_dims)),
-            per_sample_reference(pull, samples, in_dims),
-        )
+    unpinned = vmap(raw, in_dims=in_dims)(*stack_batched(samples, in_dims))
+    expected = per_sample_reference(pull, samples, in_dims)
+    try:
+        assert_tree_close(unpinned, expected)
+    except AssertionError as err:
+        assert "not close" in str(err)
+        return
+    # Measured on torch 2.13: wrong. A release whose kernel honours batched layouts (2.15
+    # does) leaves nothing for pinning to fix here, and the pinned tests above stay right.
+    pytest.skip(f"torch {torch.__version__}'s flash kernel is right on batched layouts")
 
 
 # --------------------------------------------------------------------------------------------
