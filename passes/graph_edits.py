@@ -64,7 +64,7 @@ def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, object]:
 
 
 def op_name(op: Callable[..., Any]) -> str:
-    """An op's short name: ``aten.select.int`` -> ``select``, ``operator.getitem`` -> ``getitem``."""
+    """An op's short name: ``aten.select.int`` -> ``select``, ``operator.getitem`` -> getitem."""
     return op.__name__.split(".")[0]
 
 
