@@ -3,11 +3,12 @@
 Every ```` ```python ```` block of README.md is one test: it runs on its own in a fresh
 interpreter, as a reader pasting it would run it (and Dynamo's, Inductor's and torch.export's
 process-wide state stays out of the other tests), in a temporary working directory (snippets
-may save files), and fails if it raises; snippets state their results as assertions. A block right after a line starting with ``<!-- not run`` is
-deliberately not runnable (an excerpt of a traced graph, say) and is left out: keep those rare.
-Output samples use other fences (```` ```sh ````, a bare ```` ``` ````) and are not Python.
-Blocks that import a module of the ``onnx`` extra are skipped without it, as
-tests/test_onnx.py is.
+may save files), and fails if it raises; snippets state their results as assertions.
+
+A block right after a line starting with ``<!-- not run`` is deliberately not runnable (an
+excerpt of a traced graph, say) and is left out: keep those rare. Output samples use other
+fences (```` ```sh ````, a bare ```` ``` ````) and are not Python. Blocks that import a module of
+the ``onnx`` extra are skipped without it, as tests/test_onnx.py is.
 """
 
 from __future__ import annotations
