@@ -56,6 +56,9 @@ _COLUMN_GAP = 2
 # tabulate's own minimum: a column is at least its header plus this wide.
 _HEADER_PADDING = 2
 _REASON_RESERVE = 16
+# Where table cells may break: after a comma, an opening parenthesis or a space. Each match is
+# one token, ending where a line may end.
+_BREAK = re.compile(r"[^\s,(]*(?:,\s*|\(|\s+|$)")
 # FX appends `;  a = b = None` to free intermediates early. The list of names changes whenever
 # a node gains or loses its last user, so it turns unchanged lines into diff noise.
 _FREE_SUFFIX = re.compile(r";\s+(?:[A-Za-z_]\w*\s*=\s*)+None\s*$")
@@ -237,11 +240,28 @@ def _fit_columns(natural: Sequence[int], minimums: Sequence[int], budget: int) -
 
 
 def _wrap_cell(text: str, width: int) -> str:
-    # Break code after commas/spaces where possible; long identifiers are split as a last resort.
+    """``text`` in lines of at most ``width``, broken at token boundaries (see _BREAK)."""
     lines: list[str] = []
     for line in text.splitlines() or [""]:
-        lines.extend(textwrap.wrap(line, width, break_on_hyphens=False) or [""])
+        lines.extend(_wrap_tokens(line, width))
     return "\n".join(lines)
+
+
+def _wrap_tokens(line: str, width: int) -> list[str]:
+    # Greedy filling by tokens; a token is split only when it alone is wider than the column.
+    lines: list[str] = []
+    current = ""
+    for token in _BREAK.findall(line):
+        if len((current + token).rstrip()) <= width:
+            current += token
+            continue
+        if current.strip():
+            lines.append(current.rstrip())
+        current = token.lstrip()
+        while len(current.rstrip()) > width:
+            lines.append(current[:width])
+            current = current[width:]
+    return [*lines, current.rstrip()] if current.strip() or not lines else lines
 
 
 def _diffable_lines(code: str) -> list[str]:

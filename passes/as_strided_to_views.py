@@ -50,7 +50,7 @@ import torch.fx
 
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer
+from .graph_edits import OutputDeferringReplacer, describe_call
 from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
@@ -102,10 +102,10 @@ class _Call:
     target: Geometry
 
     def describe(self) -> str:
-        name = self.op.__name__.split(".")[0]
-        src = f", {self.src.name}" if self.src is not None else ""
+        src = [] if self.src is None else [self.src]
         t = self.target
-        return f"{name}({self.source.name}{src}, {list(t.sizes)}, {list(t.strides)}, {t.offset})"
+        args = [self.source, *src, list(t.sizes), list(t.strides), t.offset]
+        return describe_call(self.op, args)
 
 
 class AsStridedToViews(PassBase):

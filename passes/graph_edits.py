@@ -1,10 +1,16 @@
 """Small graph utilities shared by the passes: reading arguments, linear output replacement."""
 from __future__ import annotations
 
+import operator
+from typing import Any, Callable, Sequence
+
 import torch
 import torch.fx
 
 from .torch_internals import OpOverload, op_schema
+
+# The end aten's slice records for "to the end": `x[1:]` traces to slice(x, 0, 1, 2**63 - 1).
+_SLICE_TO_THE_END = 2**63 - 1
 
 
 class OutputDeferringReplacer:
@@ -57,7 +63,26 @@ def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, object]:
     return bound
 
 
-def describe_call(node: torch.fx.Node) -> str:
-    """``node`` as a short call for records: ``view(clone, [-1])``."""
-    args = ", ".join(a.name if isinstance(a, torch.fx.Node) else str(a) for a in node.args)
-    return f"{node.target.__name__.split('.')[0]}({args})"
+def op_name(op: Callable[..., Any]) -> str:
+    """An op's short name: ``aten.select.int`` -> ``select``, ``operator.getitem`` -> getitem."""
+    return op.__name__.split(".")[0]
+
+
+def describe_call(op: Callable[..., Any], args: Sequence[object]) -> str:
+    """``op(*args)`` as a reader writes it, for records: ``select(clone, 0, 0)``.
+
+    The one formatter of node descriptions. Nodes show as their names, ``getitem`` as
+    indexing (``split[1]``), and a slice to the end leaves its end out (``slice(x, 0, 1)``, or
+    ``slice(x, 0, 1, None, 2)`` where a step follows).
+    """
+    words = [a.name if isinstance(a, torch.fx.Node) else str(a) for a in args]
+    if op is operator.getitem:
+        return f"{words[0]}[{words[1]}]"
+    if op is torch.ops.aten.slice.Tensor and len(args) > 3 and _is_to_the_end(args[3]):
+        has_step = len(args) > 4 and args[4] != 1
+        words[3:] = ["None", words[4]] if has_step else []
+    return f"{op_name(op)}({', '.join(words)})"
+
+
+def _is_to_the_end(end: object) -> bool:
+    return isinstance(end, int) and end >= _SLICE_TO_THE_END

@@ -253,7 +253,7 @@ def _plan_node(
     pins: dict[torch.fx.Node, _Pin | str],
 ) -> tuple[Record, list[torch.fx.Node]]:
     """Plan pins for the origins of ``node``'s memory: its record, and the origins to pin."""
-    before = describe_call(node)
+    before = describe_call(node.target, node.args)
     source = node.args[0]
     if node.target in _VMAP_REFUSES:
         return Record(node.name, before, "", "kept", f"{why}; {_VMAP_REFUSES[node.target]}"), []
@@ -437,7 +437,7 @@ def _verify_and_replace(
 
 def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) -> Record:
     """Give each tensor argument of a layout-assuming kernel a contiguous clone at the call."""
-    before = describe_call(node)
+    before = describe_call(node.target, node.args)
     arguments = [a for a in argument_nodes((node.args, node.kwargs)) if _tensor_val(a) is not None]
     cloned: dict[torch.fx.Node, torch.fx.Node] = {}
     with graph.inserting_before(node):

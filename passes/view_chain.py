@@ -14,7 +14,7 @@ import torch
 import torch.fx
 
 from .geometry import Geometry, equivalent
-from .graph_edits import argument_nodes, arguments_by_name
+from .graph_edits import argument_nodes, arguments_by_name, describe_call, op_name
 from .torch_internals import OpOverload, op_schema, storage_identity
 
 aten = torch.ops.aten
@@ -128,9 +128,7 @@ class ViewStep:
     args: tuple[Any, ...]
 
     def name(self) -> str:
-        if self.op is operator.getitem:
-            return "getitem"
-        return self.op.__name__.split(".")[0]  # aten.select.int -> select
+        return op_name(self.op)  # aten.select.int -> select
 
 
 ViewChain = tuple[ViewStep, ...]
@@ -152,11 +150,7 @@ def describe_chain(chain: Sequence[ViewStep], input_name: str) -> str:
     """Readable nested call form, e.g. ``unsqueeze(select(x, 0, 0), 1)``."""
     text = input_name
     for step in chain:
-        if step.op is operator.getitem:
-            text = f"{text}[{step.args[0]}]"
-        else:
-            text = ", ".join([text, *(str(a) for a in step.args)])
-            text = f"{step.name()}({text})"
+        text = describe_call(step.op, (text, *step.args))
     return text
 
 

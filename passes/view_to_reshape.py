@@ -99,7 +99,7 @@ def _handle(
     replacer: OutputDeferringReplacer,
 ) -> Record:
     """Rewrite ``node`` unless its aliasing is ``observed``; the record says which and why."""
-    before = describe_call(node)
+    before = describe_call(node.target, node.args)
     if observed is not None:
         return Record(node.name, before, "", "kept", f"aliasing is observable: {observed}")
     source = node.args[0]

@@ -1,8 +1,10 @@
 """Graph-diff printouts (``str(RewriteResult)``), the debug environment variable and logging."""
 from __future__ import annotations
 
+import functools
 import io
 import logging
+import operator
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 import fxviews
 from fxviews.examples import push_jvp
 from fxviews.passes import Record
+from fxviews.passes.graph_edits import describe_call
 from fxviews.printouts import (
     DEBUG_ENV,
     debug_enabled,
@@ -99,16 +102,22 @@ def test_table_has_one_row_per_record_and_fits_the_width():
             assert record.method in table
 
 
-def columns(table: str) -> list[list[str]]:
-    """The cells of a tabulate "simple" table, wrapped lines joined: one list per row."""
-    lines = table.splitlines()
+def column_spans(table: str) -> list[tuple[int, int]]:
+    """Where each column of a tabulate "simple" table starts and ends, from its dashes."""
+    dashes_line = table.splitlines()[1]
     spans, start = [], 0
-    for dashes in lines[1].split("  "):
-        start = lines[1].index(dashes, start)
+    for dashes in dashes_line.split("  "):
+        start = dashes_line.index(dashes, start)
         spans.append((start, start + len(dashes)))
         start += len(dashes)
+    return spans
+
+
+def columns(table: str) -> list[list[str]]:
+    """The cells of a tabulate "simple" table, wrapped lines joined: one list per row."""
+    spans = column_spans(table)
     rows: list[list[str]] = []
-    for line in lines[2:]:
+    for line in table.splitlines()[2:]:
         cells = [line[a:b].strip() for a, b in spans]
         if cells[0]:
             rows.append(cells)
@@ -123,6 +132,86 @@ def test_wrapped_cells_lose_nothing(width):
     for row, record in zip(rows, RECORDS):
         expected = [record.node, record.before, record.after, record.method, record.reason]
         assert ["".join(cell.split()) for cell in row] == ["".join(e.split()) for e in expected]
+
+
+FEATURE_META = "_new_zeros_with_same_feature_meta"  # a name forward AD gives its buffers
+
+
+def column_lines(table: str, column: int) -> list[str]:
+    """The lines of one column of a one-row table, as wrapped."""
+    start, end = column_spans(table)[column]
+    return [line[start:end].strip() for line in table.splitlines()[2:]]
+
+
+def feature_meta_record() -> Record:
+    return Record("as_strided", f"as_strided({FEATURE_META}, [6], [1], 0)",
+                  f"select({FEATURE_META}, 0, 0)", "provenance", "replays the view " * 4)
+
+
+def test_cells_wrap_at_token_boundaries_not_inside_identifiers():
+    table = format_table([feature_meta_record()], width=120)
+    # Both cells are wrapped, in columns wide enough for the identifier: it stays whole.
+    assert column_lines(table, 1)[:3] == ["as_strided(", f"{FEATURE_META},", "[6], [1], 0)"]
+    assert column_lines(table, 2)[:3] == ["select(", f"{FEATURE_META}, 0,", "0)"]
+    assert max(len(line) for line in table.splitlines()) <= 120
+
+
+@pytest.mark.parametrize("width", [120, 125, 130])
+def test_identifiers_that_fit_their_column_stay_whole(width):
+    table = format_table([feature_meta_record()], width=width)
+    for column in (1, 2):
+        lines = column_lines(table, column)
+        assert len([line for line in lines if line]) > 1, table  # wrapped
+        assert any(FEATURE_META in line for line in lines), table
+
+
+def test_an_identifier_wider_than_its_column_is_split_on_lines_of_its_own():
+    table = format_table([feature_meta_record()], width=80)
+    before = [line for line in column_lines(table, 1) if line]
+    start, end = column_spans(table)[1]
+    assert end - start < len(FEATURE_META)
+    # The call's name is not filled up with the identifier's first letters; nothing is lost.
+    assert before[0] == "as_strided("
+    assert "".join(before).replace(" ", "") == f"as_strided({FEATURE_META},[6],[1],0)"
+    assert all(len(line) <= end - start for line in before)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["x", 0, 1, 2**63 - 1], "slice(x, 0, 1)"),  # x[1:]
+        (["x", 0, 1, 2**63 - 1, 1], "slice(x, 0, 1)"),
+        (["x", 0, 1, 2**63 - 1, 2], "slice(x, 0, 1, None, 2)"),  # x[1::2]
+        (["x", 1, 0, 4], "slice(x, 1, 0, 4)"),
+        (["x", 1, 0, 4, 2], "slice(x, 1, 0, 4, 2)"),
+    ],
+)
+def test_a_slice_to_the_end_is_written_without_its_end(args, expected):
+    assert describe_call(torch.ops.aten.slice.Tensor, args) == expected
+
+
+def test_node_descriptions_name_nodes_and_index_getitem():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    assert describe_call(torch.ops.aten.select.int, [x, 0, 2]) == "select(x, 0, 2)"
+    assert describe_call(operator.getitem, [x, 1]) == "x[1]"
+
+
+def test_records_of_a_real_graph_show_slices_as_written():
+    def view_from_the_second_row(x, y):
+        x = x.clone()
+        view = x[1:]
+        x.copy_(y)  # forward AD hands `view` its tangent through as_strided
+        return view, x
+
+    def push(x, y, yt):
+        return torch.func.jvp(functools.partial(view_from_the_second_row, x), (y,), (yt,))
+
+    result = fxviews.explain(push, *torch.randn(3, 4, 6).unbind())
+    [record] = result.records
+    assert record.method == "provenance"
+    assert record.after == "slice(clone_1, 0, 1)"
+    assert str(2**63 - 1) not in format_table(result.records)
 
 
 def test_summary_counts_each_method():

@@ -1,0 +1,136 @@
+"""The README's Python code blocks run, each on its own, so every snippet stays true.
+
+Every ```` ```python ```` block of README.md is one test: it runs on its own in a fresh
+interpreter, as a reader pasting it would run it (and Dynamo's, Inductor's and torch.export's
+process-wide state stays out of the other tests), in a temporary working directory (snippets
+may save files), and fails if it raises; snippets state their results as assertions.
+
+A block right after a line starting with ``<!-- not run`` is deliberately not runnable (an
+excerpt of a traced graph, say) and is left out: keep those rare. Output samples use other
+fences (```` ```sh ````, a bare ```` ``` ````) and are not Python. Blocks that import a module of
+the ``onnx`` extra are skipped without it, as tests/test_onnx.py is.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+#: A line starting with this, right before a ```python fence, marks the block as not run.
+NOT_RUN = "<!-- not run"
+ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """One ```python block: its code, the file line its code starts on, whether it runs."""
+
+    line: int
+    source: str
+    runnable: bool
+
+
+def python_blocks(markdown: str) -> list[Snippet]:
+    """Every ```python block of ``markdown``, in order; an unclosed one raises ValueError."""
+    lines = markdown.splitlines()
+    snippets = []
+    start = None
+    for number, line in enumerate(lines, start=1):
+        fence = line.strip()
+        if start is None and fence == "```python":
+            start = number
+        elif start is not None and fence == "```":
+            runnable = start == 1 or not lines[start - 2].startswith(NOT_RUN)
+            snippets.append(Snippet(start + 1, "\n".join(lines[start:number - 1]) + "\n", runnable))
+            start = None
+    if start is not None:
+        raise ValueError(f"the ```python block opened on line {start} is not closed")
+    return snippets
+
+
+def imported_modules(source: str) -> set[str]:
+    """The top-level names of the modules ``source`` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+SNIPPETS = python_blocks(README.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [s for s in SNIPPETS if s.runnable],
+    ids=lambda s: f"README.md:{s.line}",
+)
+def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
+    if imported_modules(snippet.source) & ONNX_EXTRA:
+        for name in sorted(ONNX_EXTRA):
+            pytest.importorskip(name)
+    assert run_snippet(snippet, tmp_path) == ""
+
+
+def run_snippet(snippet: Snippet, cwd: Path) -> str:
+    """Run ``snippet`` in a new interpreter in ``cwd``: its traceback if it raised, else ""."""
+    # Padded with empty lines so a traceback names the README line that raised.
+    code = "\n" * (snippet.line - 1) + snippet.source
+    program = f"exec(compile({code!r}, {str(README)!r}, 'exec'), {{'__name__': '__main__'}})"
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    return done.stderr if done.returncode else ""
+
+
+def test_the_readme_has_runnable_snippets_and_few_that_are_not() -> None:
+    runnable = [s for s in SNIPPETS if s.runnable]
+    assert runnable
+    assert len(SNIPPETS) - len(runnable) <= len(runnable) // 4
+
+
+def test_python_blocks_reads_only_python_fences_and_honours_the_marker() -> None:
+    markdown = "\n".join(
+        [
+            "# Title",
+            "```python",
+            "a = 1",
+            "```",
+            "```sh",
+            "make test",
+            "```",
+            "<!-- not run: an excerpt -->",
+            "```python",
+            "as_strided = ...",
+            "```",
+            "```",
+            "output",
+            "```",
+        ]
+    )
+    assert python_blocks(markdown) == [
+        Snippet(3, "a = 1\n", True),
+        Snippet(10, "as_strided = ...\n", False),
+    ]
+    with pytest.raises(ValueError, match="line 2"):
+        python_blocks("text\n```python\nx = 1\n")
+
+
+def test_a_snippet_that_raises_fails_where_the_readme_says(tmp_path: Path) -> None:
+    snippet = Snippet(7, "x = 1\nassert x == 2, 'stated result'\n", True)
+    traceback = run_snippet(snippet, tmp_path)
+    assert f'File "{README}", line 8' in traceback
+    assert "AssertionError: stated result" in traceback
+
+
+def test_imported_modules() -> None:
+    source = "import onnxruntime, torch.fx\nfrom fxviews.examples import f\nfrom . import x\n"
+    assert imported_modules(source) == {"onnxruntime", "torch", "fxviews"}
