@@ -3,7 +3,7 @@
 Six tables, each a set of timings taken in this run with ratios beside them (ratios measured in
 one process on one machine are what compare; absolute times move with the machine):
 
-1. ``vmap``        vmap over the rewritten graph of the seed's ``push_jvp`` vs a per-sample Python
+1. ``vmap``        vmap over the rewritten graph of ``push_jvp`` vs a per-sample Python
                    loop of eager ``push_jvp``, eager ``vmap(push_jvp)`` and
                    ``vmap(fxviews.transform(push_jvp))``.
 2. ``graph``       the rewritten graph vs the original graph, same contiguous inputs, no vmap.

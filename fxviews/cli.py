@@ -44,7 +44,7 @@ def positive_int(text: str) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# demo: the seed example of the design document, end to end.
+# demo: the README's push_jvp example, end to end.
 # --------------------------------------------------------------------------------------------
 
 
@@ -115,7 +115,7 @@ def _vmap_of(fn: Callable[..., Any], batched: Sequence[torch.Tensor]) -> Any:
 def _register_demo(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run the seed example end to end: wrong numbers before, right after",
+        help="run the push_jvp example end to end: wrong numbers before, right after",
         description=(
             "Trace jvp of a function that mutates a base after taking a view, vmap the graph "
             f"with in_dims={_IN_DIMS} and compare with eager PyTorch per sample; then rewrite "

@@ -1,4 +1,4 @@
-"""The design document's example, shared by the demo, the benchmarks and the tests.
+"""The README's push_jvp example, shared by the demo, the benchmarks and the tests.
 
 ``push_jvp`` pushes a tangent through a function that overwrites a base after taking a view of
 it: forward AD then hands the view its tangent through ``as_strided``. The functions are left

@@ -1,4 +1,4 @@
-"""Provenance (the seed's solution 1): find the user's own view chain for an as_strided.
+"""Provenance (the first of three ideas): find the user's own view chain for an as_strided.
 
 Forward AD propagates a base's new tangent to a view with ``tangent.as_strided(view geometry)``,
 while the primal side of the same graph still holds the view the user wrote, e.g.

@@ -1,4 +1,4 @@
-"""Synthesis (the seed's solution 2): derive a chain of view ops from two geometries.
+"""Synthesis (the second of three ideas): derive a chain of view ops from two geometries.
 
 Note [From an embedding to view ops]
 ------------------------------------

@@ -16,7 +16,7 @@ from fxviews.examples import push_jvp
 
 
 class JvpModule(torch.nn.Module):
-    """The design document's example: forward AD over an in-place write to a viewed base."""
+    """The README's push_jvp example: forward AD over an in-place write to a viewed base."""
 
     def forward(self, x, y, yt):
         return push_jvp(x, y, yt)
