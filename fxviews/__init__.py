@@ -4,9 +4,10 @@ Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :fun
 :func:`backend`, :func:`export_onnx`. The engine is :mod:`fxviews.passes` (top-level ``passes/``
 in the repository).
 """
+
 from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
-from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
 from fxviews.onnx_export import export_onnx
+from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite
 from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform

@@ -1,4 +1,5 @@
 """``python -m fxviews``: the command line of :mod:`fxviews.cli`."""
+
 import sys
 
 from fxviews.cli import main

@@ -15,10 +15,12 @@ Three ways to select it::
 ``"fxviews"`` works without ``import fxviews`` through the ``torch_dynamo_backends`` entry point.
 ``FXVIEWS_DEBUG=1`` prints the graph-diff printout of every graph the backend rewrites.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from torch.fx import GraphModule
 
@@ -38,7 +40,7 @@ _INNER_NAMES = ("eager", "inductor")
 
 
 def backend(
-    inner: Union[str, InnerCompiler] = "eager",
+    inner: str | InnerCompiler = "eager",
     *,
     strict: bool = False,
     decompositions: dict[Any, Callable[..., Any]] | None = None,
@@ -161,8 +163,10 @@ def _inductor_backend(
     from fxviews.passes.torch_internals import compile_fx, compile_fx_inner, functorch_config
 
     def rewrite_then_compile(gm: GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-        kind = "backward" if kwargs.get("is_backward") else (
-            "inference" if kwargs.get("is_inference") else "forward"
+        kind = (
+            "backward"
+            if kwargs.get("is_backward")
+            else ("inference" if kwargs.get("is_inference") else "forward")
         )
         _rewrite_in_place(gm, strict, kind)
         return compile_fx_inner(gm, example_inputs, **kwargs)

@@ -18,6 +18,7 @@ otherwise, so that timings do not depend on how busy the other cores are. A row 
 dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured path that
 raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -258,8 +260,10 @@ def bench_vmap(settings: Settings) -> Table:
         table.append(
             {
                 "B": batch,
-                **{f"{k}_s": times[k] for k in ("loop", "eager_vmap", "graph_vmap",
-                                                "transform_vmap", "vmap_floor")},
+                **{
+                    f"{k}_s": times[k]
+                    for k in ("loop", "eager_vmap", "graph_vmap", "transform_vmap", "vmap_floor")
+                },
                 "loop/graph": ratio(times["loop"], times["graph_vmap"]),
                 "loop/floor": ratio(times["loop"], times["vmap_floor"]),
                 "eager_vmap/graph": ratio(times["eager_vmap"], times["graph_vmap"]),
@@ -305,9 +309,7 @@ def bench_first_call(settings: Settings) -> Table:
     paths: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]] | None] = {
         "fxviews.transform": transform,
         "torch.compile aot_eager": lambda fn: torch.compile(fn, backend="aot_eager"),
-        "torch.compile default (inductor)": (
-            torch.compile if settings.default_backend else None
-        ),
+        "torch.compile default (inductor)": (torch.compile if settings.default_backend else None),
     }
     skipped = {
         "fxviews.transform": why,
@@ -323,8 +325,12 @@ def bench_first_call(settings: Settings) -> Table:
             )
     t_transform = results["fxviews.transform"][0]
     return [
-        {"path": path, "first_call_s": seconds, "vs_transform": ratio(seconds, t_transform),
-         "note": note}
+        {
+            "path": path,
+            "first_call_s": seconds,
+            "vs_transform": ratio(seconds, t_transform),
+            "note": note,
+        }
         for path, (seconds, note) in results.items()
     ]
 
@@ -376,50 +382,77 @@ def bench_overhead(settings: Settings) -> Table:
     """Row 5: what the transform's cache lookup and argument plumbing add to each call."""
     transform, why = transform_or_reason()
     if transform is None:
-        return [{"tf_s": None, "graph_s": None, "overhead_s": None, "tf/graph": None,
-                 "note": why}]
+        return [{"tf_s": None, "graph_s": None, "overhead_s": None, "tf/graph": None, "note": why}]
     args = seed_args()
     tf = transform(push_jvp)
     tf(*args)  # fills the cache: what follows is the steady state
     graph = rewritten(fxviews.trace(push_jvp, *args))
     times = median_seconds({"tf": lambda: tf(*args), "graph": lambda: graph(*args)}, settings)
     t_tf, t_graph = times["tf"], times["graph"]
-    return [{"tf_s": t_tf, "graph_s": t_graph, "overhead_s": t_tf - t_graph,
-             "tf/graph": ratio(t_tf, t_graph), "note": ""}]
+    return [
+        {
+            "tf_s": t_tf,
+            "graph_s": t_graph,
+            "overhead_s": t_tf - t_graph,
+            "tf/graph": ratio(t_tf, t_graph),
+            "note": "",
+        }
+    ]
 
 
 def bench_compile(settings: Settings) -> Table:
     """Row 6: first-call time of backend="fxviews" vs aot_eager, forward only and trained."""
     if getattr(fxviews, "backend", None) is None:
-        return [{"function": "all", "aot_eager_s": None, "fxviews_s": None,
-                 "fxviews/aot_eager": None, "note": "n/a (fxviews.backend missing)"}]
+        return [
+            {
+                "function": "all",
+                "aot_eager_s": None,
+                "fxviews_s": None,
+                "fxviews/aot_eager": None,
+                "note": "n/a (fxviews.backend missing)",
+            }
+        ]
     table = []
-    cases = (("push_jvp (forward)", make_push_jvp, False),
-             ("jvp_loss (+backward)", make_jvp_loss, True))
+    cases = (
+        ("push_jvp (forward)", make_push_jvp, False),
+        ("jvp_loss (+backward)", make_jvp_loss, True),
+    )
     for name, make_fn, train in cases:
         args = tuple(t.requires_grad_(train) for t in seed_args())
         times, notes = {}, []
         for backend in ("aot_eager", "fxviews"):
             times[backend], note = measured(
                 lambda b=backend: first_call_seconds(
-                    make_fn, lambda fn: torch.compile(fn, backend=b), args,
-                    settings.compile_repeats, backward=train,
+                    make_fn,
+                    lambda fn: torch.compile(fn, backend=b),
+                    args,
+                    settings.compile_repeats,
+                    backward=train,
                 )
             )
             notes += [f"{backend}: {note}"] if note else []
-        table.append({"function": name, "aot_eager_s": times["aot_eager"],
-                      "fxviews_s": times["fxviews"],
-                      "fxviews/aot_eager": ratio(times["fxviews"], times["aot_eager"]),
-                      "note": "; ".join(notes)})
+        table.append(
+            {
+                "function": name,
+                "aot_eager_s": times["aot_eager"],
+                "fxviews_s": times["fxviews"],
+                "fxviews/aot_eager": ratio(times["fxviews"], times["aot_eager"]),
+                "note": "; ".join(notes),
+            }
+        )
     return table
 
 
 BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
-    "vmap": ("1. vmap of push_jvp: loop / eager vmap / transform vs the rewritten graph",
-             bench_vmap),
+    "vmap": (
+        "1. vmap of push_jvp: loop / eager vmap / transform vs the rewritten graph",
+        bench_vmap,
+    ),
     "graph": ("2. rewritten vs original graph, contiguous inputs, no vmap", bench_graph),
-    "first_call": ("3. first call on a fresh function (trace or compile + one run)",
-                   bench_first_call),
+    "first_call": (
+        "3. first call on a fresh function (trace or compile + one run)",
+        bench_first_call,
+    ),
     "pass_cost": ("4. engine cost vs graph size", bench_pass_cost),
     "overhead": ("5. steady-state overhead of a cached transform call", bench_overhead),
     "compile": ("6. compile time: backend='fxviews' vs aot_eager", bench_compile),
@@ -431,13 +464,23 @@ BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the bench options to ``parser`` (a subparser of ``python -m fxviews``)."""
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer repeats, no 100k-node graph, no Inductor: under a minute")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repeats, no 100k-node graph, no Inductor: under a minute",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every table to PATH as JSON")
-    parser.add_argument("--threads", type=positive_int, default=1,
-                        help="torch intra-op threads (default 1: timings independent of load)")
-    parser.add_argument("--rows", default=",".join(ROWS),
-                        help=f"comma-separated subset of {','.join(ROWS)} (default: all)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch intra-op threads (default 1: timings independent of load)",
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"comma-separated subset of {','.join(ROWS)} (default: all)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

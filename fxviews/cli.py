@@ -10,12 +10,14 @@ Example::
     $ python -m fxviews bench --quick
     $ python -m fxviews bench --help
 """
+
 from __future__ import annotations
 
 import argparse
 import inspect
 import textwrap
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -95,9 +97,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(format_result(result, width=args.width))
 
     fixed_error = _largest_error(_vmap_of(result.graph_module, batched), reference)
-    transform_error = _largest_error(
-        _vmap_of(fxviews.transform(push_jvp), batched), reference
-    )
+    transform_error = _largest_error(_vmap_of(fxviews.transform(push_jvp), batched), reference)
     print(
         f"\n4. vmap(rewritten graph, in_dims={_IN_DIMS}): largest error {fixed_error:.3g}\n"
         f"   vmap(fxviews.transform(push_jvp), in_dims={_IN_DIMS}): "
@@ -128,7 +128,9 @@ def _register_demo(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--width", type=_printout_width, default=DEFAULT_WIDTH,
+        "--width",
+        type=_printout_width,
+        default=DEFAULT_WIDTH,
         help="printout width, 60 or more (default %(default)s)",
     )
     parser.set_defaults(handler=_run_demo)

@@ -11,6 +11,7 @@ Example::
     >>> [n for n in gm.graph.nodes if "as_strided" in n.name]
     [as_strided]
 """
+
 from __future__ import annotations
 
 import functools

@@ -27,12 +27,14 @@ constant arguments. Under export's shape environment a concrete geometry is the 
 value the dims can take, so nothing emitted bakes a size a dynamic dim controls; nodes with a
 symbolic geometry are kept with that reason (``strict=True`` raises).
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -119,7 +121,8 @@ def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str
     return {
         old.name: new.name
         for old, new in zip(_returned(before), _returned(after))
-        if isinstance(old, torch.fx.Node) and isinstance(new, torch.fx.Node)
+        if isinstance(old, torch.fx.Node)
+        and isinstance(new, torch.fx.Node)
         and old.name != new.name
     }
 

@@ -20,9 +20,11 @@ range. It has no lowering for ``as_strided_scatter``. The export therefore goes:
    an element twice). Otherwise :class:`fxviews.FxViewsError` names the node: no silently
    wrong model.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -106,9 +108,7 @@ def _export(
         )
     if not isinstance(model, torch.nn.Module):
         if not callable(model):
-            raise TypeError(
-                f"export_onnx expects a module or function, got {type(model).__name__}"
-            )
+            raise TypeError(f"export_onnx expects a module or function, got {type(model).__name__}")
         model = _Function(model)
         if dynamic_shapes is not None:
             # The wrapper takes *args: its one parameter holds the per-argument specs.
@@ -126,9 +126,7 @@ def _traced_on_an_example(model: Any) -> bool:
     if not isinstance(model, torch.fx.GraphModule):
         return False
     values = [node.meta.get("val") for node in model.graph.find_nodes(op="placeholder")]
-    return any(
-        isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in values
-    )
+    return any(isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in values)
 
 
 def _check_onnx_exact(node: torch.fx.Node) -> None:

@@ -12,6 +12,7 @@ Example::
     >>> print(res)                       # table, summary, diff
     >>> print(format_result(res, width=80, diff=False))
 """
+
 from __future__ import annotations
 
 import difflib
@@ -21,7 +22,8 @@ import re
 import sys
 import textwrap
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, TextIO
 
 from tabulate import tabulate
 
@@ -162,9 +164,7 @@ def format_diff(
     """
     before = _diffable_lines(code_before)
     after = _diffable_lines(code_after)
-    lines = list(
-        difflib.unified_diff(before, after, "before", "after", n=context, lineterm="")
-    )
+    lines = list(difflib.unified_diff(before, after, "before", "after", n=context, lineterm=""))
     if not lines:
         return "(graph code unchanged)"
     out = []
@@ -201,7 +201,12 @@ def report_rewrite(
     for record in [*result.records, *result.view_records, *result.pin_records]:
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
-            source, record.node, record.before, record.after, record.method, record.reason,
+            source,
+            record.node,
+            record.before,
+            record.after,
+            record.method,
+            record.reason,
         )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s: %s", source, format_summary(result))

@@ -1,10 +1,12 @@
 """``fxviews.rewrite``: run the engine on a copy of a GraphModule and report what it did."""
+
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -35,7 +35,8 @@ import functools
 import inspect
 import logging
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -135,9 +136,7 @@ def trace(
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
     traced = torch.func.functionalize(fn) if functionalize else fn
     with _view_replay(view_replay):
-        return capture(
-            traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn)
-        )
+        return capture(traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn))
 
 
 def capture(
@@ -540,7 +539,9 @@ class _TraceGuard(TorchDispatchMode):
         with disable_current_modes(), torch.no_grad():
             for tensor, shape, stride, offset in self._layouts.values():
                 if (tensor.shape, tensor.stride(), tensor.storage_offset()) != (
-                    shape, stride, offset
+                    shape,
+                    stride,
+                    offset,
                 ):
                     tensor.as_strided_(shape, stride, offset)
             for storage, saved in self._saved.values():
@@ -574,7 +575,8 @@ def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
         if info is None or not info.is_write or argument.name not in bound:
             continue
         written += [
-            leaf for leaf in pytree.tree_leaves(bound[argument.name])
+            leaf
+            for leaf in pytree.tree_leaves(bound[argument.name])
             if isinstance(leaf, torch.Tensor)
         ]
     return written
@@ -610,4 +612,3 @@ def _recompute_layouts(
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-

@@ -6,13 +6,15 @@ outside it (``vmap``, ``jvp``, ``grad``, ...) then see ordinary view ops, whose 
 differentiation rules follow the real layout of their input, instead of ``as_strided`` calls
 that hard-code the layout of the example they were traced on.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -22,7 +24,6 @@ from fxviews.passes.torch_internals import (
     pytree,
     temporarily_clear_interpreter_stack,
 )
-
 from fxviews.printouts import logger, report_rewrite
 from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
 from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock

@@ -2,13 +2,14 @@
 
 This directory sits at the top of the repository and is installed as ``fxviews.passes``.
 """
+
+from .as_strided_to_views import AsStridedToViews
 from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
-from .records import Record, METHODS
-from .as_strided_to_views import AsStridedToViews
 from .hygiene import drop_redundant_aliases, remove_dead_pure_nodes
-from .view_to_reshape import ViewToReshape
 from .pinning import LAYOUT_KERNELS, LayoutPinning
+from .records import METHODS, Record
+from .view_to_reshape import ViewToReshape
 
 __all__ = [
     "AsStridedToViews",

@@ -21,6 +21,7 @@ read, and does the graph own it?). They share this one analysis:
 Cost: one scan of the graph to build edges, classes and writes; queries walk only the edges
 of the node they ask about.
 """
+
 from __future__ import annotations
 
 import operator

@@ -37,17 +37,20 @@ only where nothing uses its input after it (later uses would expect the new layo
 
 Cost: one pass to build the view index, then O(dims^2) per as_strided node: linear in the graph.
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
+from . import torch_internals as internals
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, describe_call
@@ -55,7 +58,6 @@ from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
 from .synthesis import synthesize
-from . import torch_internals as internals
 from .torch_internals import (
     FakeTensorMode,
     OpOverload,
@@ -198,15 +200,21 @@ class AsStridedToViews(PassBase):
             # make_fx and FakeTensorProp record a snapshot per node. Metadata that holds the
             # restrided tensor itself on the input node has lost the input's old layout.
             if call.source.meta.get("val") is node.meta.get("val"):
-                return _kept(call, "as_strided_ restrides its input in place and the graph's "
-                             "metadata records only the layout after it")
+                return _kept(
+                    call,
+                    "as_strided_ restrides its input in place and the graph's "
+                    "metadata records only the layout after it",
+                )
         mutation = next(
             (u for u in call.source.users if u.target in METADATA_MUTATIONS and u is not node),
             None,
         )
         if mutation is not None:
-            return _kept(call, f"the input's layout changes in place at {mutation.name!r}, so "
-                         "its trace-time layout is ambiguous")
+            return _kept(
+                call,
+                f"the input's layout changes in place at {mutation.name!r}, so "
+                "its trace-time layout is ambiguous",
+            )
         for method, chain in _candidates(call, context.index):
             if not verify_chain(chain, call.source_geometry, call.target):
                 continue
@@ -422,8 +430,13 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
     # must be the node's own, whatever the fake kernels computed.
     emitted, original = node_geometry(out), node_geometry(call.node)
     if emitted is None or original is None or not equivalent(emitted, original):
-        log.debug("%s: dropped candidate %s: its metadata says %s, the node's %s",
-                  call.node.name, described, emitted, original)
+        log.debug(
+            "%s: dropped candidate %s: its metadata says %s, the node's %s",
+            call.node.name,
+            described,
+            emitted,
+            original,
+        )
         _erase_dead(graph, emitter.created)
         return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
@@ -439,8 +452,10 @@ def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Nod
         out = build_scatter(emitter, call.source, call.src, chain)
         # When the region is all of self the chain is empty: still return a fresh tensor.
         return emitter(aten.clone.default, out) if out is call.src else out
-    out = apply_chain(chain, call.source, emitter) if chain else emitter(
-        aten.alias.default, call.source
+    out = (
+        apply_chain(chain, call.source, emitter)
+        if chain
+        else emitter(aten.alias.default, call.source)
     )
     if op is aten.as_strided_copy.default:
         out = emitter(aten.clone.default, out, memory_format=torch.contiguous_format)
@@ -484,8 +499,10 @@ def _why_kept(call: _Call) -> str:
             ops = sorted({step.name() for step in chain if not has_scatter_form((step,))})
             if ops:
                 return f"its region needs {', '.join(ops)}, which have no scatter form"
-            return ("its scatter form would not give the output layout, which later nodes read, "
-                    "or would not write where as_strided_scatter does")
+            return (
+                "its scatter form would not give the output layout, which later nodes read, "
+                "or would not write where as_strided_scatter does"
+            )
     witness = find_exposed_address(call.source_geometry, call.target)
     if witness is not None:
         return (

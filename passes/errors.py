@@ -2,6 +2,7 @@
 
 They live here, not in ``fxviews/``, because the engine imports nothing from the front door.
 """
+
 from __future__ import annotations
 
 #: ``(sizes, strides, offset)`` as an as_strided call writes them.

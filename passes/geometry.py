@@ -31,11 +31,12 @@ row-stride-3 tensor): such nodes are safe but have no view-op form, and are kept
 :func:`find_exposed_address` looks for a witness that a target reads memory the input does not
 expose, so kept nodes get the right reason.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 
@@ -62,7 +63,7 @@ class Geometry:
             raise ValueError(f"sizes {self.sizes} and strides {self.strides} differ in length")
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "Geometry":
+    def of(cls, tensor: torch.Tensor) -> Geometry:
         """The geometry of ``tensor`` (a real, fake or meta tensor)."""
         return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
 
@@ -98,6 +99,7 @@ class Geometry:
 
     def addresses(self) -> Iterator[int]:
         """Every address, in index order. Only for small geometries (tests, diagnostics)."""
+
         def walk(dim: int, base: int) -> Iterator[int]:
             if dim == self.ndim:
                 yield base

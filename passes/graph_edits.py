@@ -1,8 +1,10 @@
 """Small graph utilities shared by the passes: reading arguments, linear output replacement."""
+
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx

@@ -15,6 +15,7 @@ Anything else without users (Python functions, methods, modules, higher-order op
 cannot prove it pure. Nodes are visited in reverse, so a chain of dead pure nodes goes in one
 sweep.
 """
+
 from __future__ import annotations
 
 import operator
@@ -42,9 +43,7 @@ def is_provably_pure(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:  # picking from an operator's tuple of results reads nothing
         parent = node.args[0]
-        return isinstance(parent, torch.fx.Node) and isinstance(
-            parent.target, OpOverload
-        )
+        return isinstance(parent, torch.fx.Node) and isinstance(parent.target, OpOverload)
     if not isinstance(target, OpOverload):
         return False
     schema = op_schema(target)

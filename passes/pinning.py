@@ -49,6 +49,7 @@ a graph without layout-bound nodes is left untouched.
 
 Cost: one alias analysis, then per layout-bound node a walk over its ancestry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,8 @@ import torch
 import torch.fx
 
 from .aliasing import AliasAnalysis, is_opaque
-from .geometry import Geometry, equivalent
 from .errors import FxViewsError
+from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, describe_call
 from .records import Record, RecordingPass
 from .torch_internals import (
@@ -124,13 +125,19 @@ _LIKE_TO_NEW = {
 }
 #: Allocations whose batching rule makes every sample at the requested (traced) layout.
 _BATCH_FIRST_ALLOCATIONS = {
-    aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default,
-    aten.new_full.default, aten.new_empty_strided.default,
+    aten.new_empty.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty_strided.default,
 }
 #: In-place ops that replace a tensor's storage: the layout of its memory is not followed.
 _STORAGE_RESETS = {
-    aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
-    aten.resize_.default, aten.resize_as_.default,
+    aten.set_.source_Tensor,
+    aten.set_.source_Storage,
+    aten.set_.source_Storage_storage_offset,
+    aten.resize_.default,
+    aten.resize_as_.default,
 }
 _KWARGS_NOT_FOR_NEW = ("memory_format",)
 
@@ -380,7 +387,10 @@ def _pinned_text(origin: torch.fx.Node, copy_of: str | None = None) -> str:
 
 
 def _contiguous_copy(
-    emit: GraphEmitter, source: torch.fx.Node, order: list[int], op: Any = aten.clone.default,
+    emit: GraphEmitter,
+    source: torch.fx.Node,
+    order: list[int],
+    op: Any = aten.clone.default,
     **kwargs: Any,
 ) -> torch.fx.Node:
     """``op(source)`` with each sample at ``source``'s traced dense layout (``order``)."""
@@ -407,8 +417,9 @@ def _like_to_new(graph: torch.fx.Graph, origin: torch.fx.Node, new_op: Any) -> b
     kwargs = {k: v for k, v in origin.kwargs.items() if k not in _KWARGS_NOT_FOR_NEW}
     size = list(_tensor_val(origin).shape)
     with graph.inserting_before(origin):
-        pinned = GraphEmitter(graph, origin)(new_op, origin.args[0], size, *origin.args[1:],
-                                             **kwargs)
+        pinned = GraphEmitter(graph, origin)(
+            new_op, origin.args[0], size, *origin.args[1:], **kwargs
+        )
     _verify_and_replace(graph, origin, pinned)
     graph.erase_node(origin)
     return True
@@ -455,7 +466,10 @@ def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) 
     )
     names = ", ".join(a.name for a in cloned)
     return Record(
-        node.name, before, f"{before.split('(')[0]}(contiguous clones of {names})", "pinned",
+        node.name,
+        before,
+        f"{before.split('(')[0]}(contiguous clones of {names})",
+        "pinned",
         f"{why}: each tensor argument gets a contiguous clone at the call",
     )
 

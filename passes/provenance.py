@@ -9,6 +9,7 @@ chain on the as_strided input gives the same geometry with the user's ops.
 back from each view node) under ``(base geometry, view geometry)``, so each lookup is O(1) and
 the index is linear in the graph's size.
 """
+
 from __future__ import annotations
 
 import torch

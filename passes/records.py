@@ -1,4 +1,5 @@
 """The per-node record the pass keeps for every as_strided node it sees."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

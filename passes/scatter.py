@@ -35,9 +35,11 @@ as_strided_scatter writes ``src[m]`` exactly where the nested ``*_scatter`` ops 
 every other element is ``self``'s in both. The pass checks exactly these conditions, plus the
 output layout on meta tensors; nothing is sampled, so no size needs a shortcut.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx

@@ -18,9 +18,11 @@ order that keeps every intermediate a plain view and touches no dim the target d
 
 Every chain is verified on meta tensors before it is used (see ``view_chain.verify_chain``).
 """
+
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import torch
 

@@ -17,6 +17,7 @@ Example::
     >>> storage_identity(x[1:]) == storage_identity(x)
     True
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,6 +40,87 @@ def missing_internal_error(path: str, cause: BaseException) -> ImportError:
 try:
     # pytree flattening of arguments and results (the cache key, the graph's output spec). 1.8.
     import torch.utils._pytree as pytree
+    from torch._C import Argument as SchemaArgument
+    from torch._C import (
+        _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
+    )
+    from torch._C import (
+        _dispatch_tls_local_include_set as dispatch_tls_include_set,
+    )
+
+    # Tensors without memory a trace could write: efficient zero tensors, storage-less ones.
+    # 1.13.
+    from torch._C import _has_storage as has_storage
+    from torch._C import (
+        _is_fwd_grad_enabled as is_fwd_grad_enabled,
+    )
+    from torch._C import (
+        _is_view_replay_enabled as is_view_replay_enabled,
+    )
+    from torch._C import (
+        _len_torch_dispatch_stack as dispatch_mode_depth,
+    )
+    from torch._C import (
+        _len_torch_function_stack as function_mode_depth,
+    )
+    from torch._C import (
+        _pop_torch_dispatch_stack as pop_dispatch_mode,
+    )
+    from torch._C import (
+        _pop_torch_function_stack as pop_function_mode,
+    )
+    from torch._C import (
+        _PreserveDispatchKeyGuard as PreserveDispatchKeyGuard,
+    )
+    from torch._C import (
+        _set_fwd_grad_enabled as set_fwd_grad_enabled,
+    )
+    from torch._C import (
+        _set_view_replay_enabled as set_view_replay_enabled,
+    )
+
+    # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
+    # functorch's transform stack (get_dynamic_layer_stack_depth,
+    # pop_dynamic_layer_stack_and_undo_to_depth) and in-place flag, 2.0; the dispatch and
+    # function mode stacks, 2.0; forward-grad mode, 1.13; view replay, 2.0; the thread-local
+    # dispatch key sets and the guard that restores them (_PreserveDispatchKeyGuard), 2.1.
+    from torch._C._functorch import (
+        get_dynamic_layer_stack_depth as functorch_layer_depth,
+    )
+
+    # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
+    # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
+    # maybe_get_bdim). 2.0.
+    from torch._C._functorch import (
+        get_inplace_requires_grad_allowed,
+        get_unwrapped,
+        is_batchedtensor,
+        is_functorch_wrapped_tensor,
+        maybe_get_bdim,
+        set_inplace_requires_grad_allowed,
+    )
+    from torch._C._functorch import (
+        pop_dynamic_layer_stack_and_undo_to_depth as pop_functorch_layers_to,
+    )
+
+    # The functorch interpreter stack: transform traces outside every active torch.func
+    # transform (temporarily_clear_interpreter_stack, 2.1) and refuses closures over tensors a
+    # transform wrapped (is_functorch_wrapped_tensor, 2.0).
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    # The compile id of the graph being compiled, named in the backend's printouts. 2.2.
+    from torch._guards import CompileContext
+
+    # Which ops the dead-code step may erase: random, in-place and side-effecting ones never
+    # (is_impure, 2.6).
+    from torch._library.utils import is_impure
+
+    # Aten operator overloads and their schemas (OpOverload, 1.12; its schema's Argument, 1.0):
+    # which ops are views, which arguments a call aliases or writes.
+    from torch._ops import OpOverload
+
+    # Contiguous strides for given sizes, used to build a scatter buffer's geometry. 1.13.
+    from torch._prims_common import make_contiguous_strides_for
 
     # Dispatch modes: fake tensors for tracing (FakeTensorMode) and the errors make_fx raises on
     # value-dependent output (*Exception), 1.13; step out of every active mode while the engine
@@ -50,12 +132,11 @@ try:
         FakeTensorDeviceMismatchError,
         FakeTensorMode,
     )
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 
-    # Which ops the dead-code step may erase: random, in-place and side-effecting ones never
-    # (is_impure, 2.6).
-    from torch._library.utils import is_impure
+    # Autograd's view replay, under which forward AD records the user's own view ops instead of
+    # as_strided (the tracer's view_replay=True option). 2.0.
+    from torch.autograd import _force_original_view_tracking as force_original_view_tracking
+    from torch.autograd import forward_ad as _forward_ad
 
     # The tracer (make_fx, fake mode since 1.13), its symbolic shapes for .item() and boolean
     # masks (ShapeEnv, 1.13) and its error on Python control flow over tensor values
@@ -65,62 +146,8 @@ try:
 
     # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
     from torch.fx.passes.infra.pass_base import PassBase, PassResult
-
-    # The functorch interpreter stack: transform traces outside every active torch.func
-    # transform (temporarily_clear_interpreter_stack, 2.1) and refuses closures over tensors a
-    # transform wrapped (is_functorch_wrapped_tensor, 2.0).
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-    from torch._C._functorch import is_functorch_wrapped_tensor
-
-    # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
-    # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
-    # maybe_get_bdim). 2.0.
-    from torch._C._functorch import get_unwrapped, is_batchedtensor, maybe_get_bdim
-
-    # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
-    # functorch's transform stack (get_dynamic_layer_stack_depth,
-    # pop_dynamic_layer_stack_and_undo_to_depth) and in-place flag, 2.0; the dispatch and
-    # function mode stacks, 2.0; forward-grad mode, 1.13; view replay, 2.0; the thread-local
-    # dispatch key sets and the guard that restores them (_PreserveDispatchKeyGuard), 2.1.
-    from torch._C._functorch import (
-        get_dynamic_layer_stack_depth as functorch_layer_depth,
-        get_inplace_requires_grad_allowed,
-        pop_dynamic_layer_stack_and_undo_to_depth as pop_functorch_layers_to,
-        set_inplace_requires_grad_allowed,
-    )
-    from torch._C import (
-        _PreserveDispatchKeyGuard as PreserveDispatchKeyGuard,
-        _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
-        _dispatch_tls_local_include_set as dispatch_tls_include_set,
-        _is_fwd_grad_enabled as is_fwd_grad_enabled,
-        _is_view_replay_enabled as is_view_replay_enabled,
-        _len_torch_dispatch_stack as dispatch_mode_depth,
-        _len_torch_function_stack as function_mode_depth,
-        _pop_torch_dispatch_stack as pop_dispatch_mode,
-        _pop_torch_function_stack as pop_function_mode,
-        _set_fwd_grad_enabled as set_fwd_grad_enabled,
-        _set_view_replay_enabled as set_view_replay_enabled,
-    )
-    from torch.autograd import forward_ad as _forward_ad
-
-    # Tensors without memory a trace could write: efficient zero tensors, storage-less ones.
-    # 1.13.
-    from torch._C import _has_storage as has_storage
-
-    # Aten operator overloads and their schemas (OpOverload, 1.12; its schema's Argument, 1.0):
-    # which ops are views, which arguments a call aliases or writes.
-    from torch._ops import OpOverload
-    from torch._C import Argument as SchemaArgument
-
-    # Contiguous strides for given sizes, used to build a scatter buffer's geometry. 1.13.
-    from torch._prims_common import make_contiguous_strides_for
-
-    # Autograd's view replay, under which forward AD records the user's own view ops instead of
-    # as_strided (the tracer's view_replay=True option). 2.0.
-    from torch.autograd import _force_original_view_tracking as force_original_view_tracking
-
-    # The compile id of the graph being compiled, named in the backend's printouts. 2.2.
-    from torch._guards import CompileContext
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 except ImportError as err:
     # A name missing from a module that exists: err.name is that module, the message names both.
     raise missing_internal_error(err.name or "a torch module", err) from err
@@ -319,4 +346,3 @@ def __getattr__(name: str) -> Any:
         raise missing_internal_error(f"{module_name}.{attribute}", err) from err
     globals()[name] = value
     return value
-

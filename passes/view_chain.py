@@ -3,12 +3,14 @@
 A chain is applied through an *evaluator* ``ev(op, *args)``: on meta tensors to verify it, and
 as graph nodes to emit it, so what was verified is exactly what gets emitted.
 """
+
 from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -183,7 +185,7 @@ def is_view_op(op: Callable[..., Any]) -> bool:
     return isinstance(op, OpOverload) and _schema_is_view(op)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_is_view(op: OpOverload) -> bool:
     # Cached: asked for every node of every graph, and an op's schema never changes.
     schema = op_schema(op)

@@ -30,9 +30,10 @@ can only shrink and every decision made on the original classes stays conservati
 Cost: the analysis's one scan of the graph, then per view a walk over the aliases derived
 from it.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.fx

@@ -8,7 +8,7 @@ PyTorch failing in a test that expects it to) fail where it happens.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

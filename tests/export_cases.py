@@ -5,10 +5,11 @@ nodes fxviews keeps in its decomposed program, and the error vmap raises at some
 if any. Both are measured facts of the engine, checked by the tests, so a change either way
 shows.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

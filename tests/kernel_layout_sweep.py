@@ -21,18 +21,20 @@ Example::
 
     $ python -m tests.kernel_layout_sweep --limit 50
 """
+
 from __future__ import annotations
 
 import argparse
 import functools
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import vjp, vmap
+from torch.fx.experimental.proxy_tensor import make_fx
 
 BATCH = 3
 SAMPLES_PER_OP = 3
@@ -59,14 +61,25 @@ def _sdpa_cases() -> Iterator[tuple[str, Callable[..., Any], tuple[torch.Tensor,
     q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
     mask = torch.randn(4, 4, generator=gen)
     for causal in (False, True):
-        yield f"sdpa causal={causal}", functools.partial(
-            F.scaled_dot_product_attention, is_causal=causal
-        ), (q, k, v)
-        yield f"sdpa math causal={causal}", functools.partial(
-            torch.ops.aten._scaled_dot_product_attention_math, is_causal=causal
-        ), (q, k, v)
-    yield "sdpa mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m), (
-        q, k, v, mask,
+        yield (
+            f"sdpa causal={causal}",
+            functools.partial(F.scaled_dot_product_attention, is_causal=causal),
+            (q, k, v),
+        )
+        yield (
+            f"sdpa math causal={causal}",
+            functools.partial(torch.ops.aten._scaled_dot_product_attention_math, is_causal=causal),
+            (q, k, v),
+        )
+    yield (
+        "sdpa mask",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
+        (
+            q,
+            k,
+            v,
+            mask,
+        ),
     )
 
 
@@ -148,9 +161,7 @@ def _assumes_layout(target: Any, args: tuple, kwargs: dict) -> str | None:
     except Exception:  # not a layout question: random, unbatchable or unsupported
         return NOT_MEASURABLE
     last_dims = tuple(leaves[i].dim() for i in slots)
-    batched = [
-        torch.stack([s[j] for s in per_sample], dim=d) for j, d in enumerate(last_dims)
-    ]
+    batched = [torch.stack([s[j] for s in per_sample], dim=d) for j, d in enumerate(last_dims)]
     try:
         _compare(vmap(run, in_dims=last_dims)(*batched), expected)
     except AssertionError as err:

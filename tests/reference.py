@@ -17,12 +17,13 @@ sample at a time. These helpers keep that honest:
 
 Import them as ``from tests.reference import ...`` (``tests`` is a package).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
-
 from fxviews.passes.torch_internals import pytree
 
 __all__ = [

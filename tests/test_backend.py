@@ -4,21 +4,19 @@ Every case is compiled three ways and compared with eager PyTorch: ``backend="fx
 eager), a recording inner callable (which must see no as_strided where plain AOTAutograd
 produced some) and, for a few cases, inner Inductor (slow on CPU, so kept to a minimum).
 """
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
-
-import fxviews
-from fxviews.examples import push_jvp
-from fxviews.backend import fxviews_backend
 from fxviews.passes.torch_internals import (
     BackendCompilerFailed,
     aot_autograd,
@@ -27,6 +25,10 @@ from fxviews.passes.torch_internals import (
     min_cut_rematerialization_partition,
     reset_dynamo,
 )
+
+import fxviews
+from fxviews.backend import fxviews_backend
+from fxviews.examples import push_jvp
 
 AS_STRIDED_OPS = {
     torch.ops.aten.as_strided.default,
@@ -169,9 +171,7 @@ def test_vmap_of_jvp_with_batch_dims_not_first():
     )
     (view, base), (view_t, base_t) = compiled(*batched)
     for b, sample in enumerate(samples):
-        torch.testing.assert_close(
-            ((view[b], base[b]), (view_t[b], base_t[b])), push_jvp(*sample)
-        )
+        torch.testing.assert_close(((view[b], base[b]), (view_t[b], base_t[b])), push_jvp(*sample))
     assert plain.as_strided_counts() == [1]
     assert recorder.as_strided_counts() == [0]
 

@@ -4,6 +4,7 @@ The output's shape is checked (titles, headers, one line per measured case, JSON
 that every measured path ran: a path that raises fails the run. Timings depend on the machine
 and its load, so no test ever asserts one.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,7 @@ FAST_ROWS = ("vmap", "graph", "overhead")
 @pytest.fixture
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``--quick`` tinier still: one repeat, short loops, a 1k-node graph only."""
-    monkeypatch.setattr(
-        bench, "QUICK", bench.Settings(1, 0.0, (8, 64), (1_000,), 1, False)
-    )
+    monkeypatch.setattr(bench, "QUICK", bench.Settings(1, 0.0, (8, 64), (1_000,), 1, False))
 
 
 def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) -> None:
@@ -32,8 +31,16 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     # One title per row, in order, each followed by its table.
     positions = [printed.index(bench.BENCHES[row][0]) for row in bench.ROWS]
     assert positions == sorted(positions)
-    for header in ("loop/graph", "eager_vmap/graph", "rewritten/original", "first_call_s",
-                   "pass_us_per_node", "pass/trace", "tf/graph", "fxviews/aot_eager"):
+    for header in (
+        "loop/graph",
+        "eager_vmap/graph",
+        "rewritten/original",
+        "first_call_s",
+        "pass_us_per_node",
+        "pass/trace",
+        "tf/graph",
+        "fxviews/aot_eager",
+    ):
         assert header in printed
 
     assert bench.FAILED not in printed  # every measured path ran

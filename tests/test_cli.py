@@ -1,4 +1,5 @@
 """``python -m fxviews``: the demo end to end, ``--help`` on every command, argument errors."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,10 @@ def test_demo_end_to_end_in_a_subprocess():
     env = dict(os.environ)
     env.pop("FXVIEWS_DEBUG", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "fxviews", "demo"], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "fxviews", "demo"],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -31,7 +35,7 @@ def test_demo_in_process_with_options(capsys):
     assert cli.main(["demo", "--batch-size", "2", "--seed", "3", "--width", "80"]) == 0
     out = capsys.readouterr().out
     assert "over a batch of 2" in out
-    table = out[out.index("node  "):out.index("fxviews: as_strided")]
+    table = out[out.index("node  ") : out.index("fxviews: as_strided")]
     assert max(len(line) for line in table.splitlines()) <= 80
 
 

@@ -33,18 +33,20 @@ Eager PyTorch refuses some combinations, which the corpus therefore leaves out: 
 through an in-place change to the base of a multi-output view (split, chunk, unbind), and
 in-place writes into an expanded view.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
+from fxviews.passes.torch_internals import pytree
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
-from fxviews.passes.torch_internals import pytree
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -329,7 +331,6 @@ CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}
 assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 
 
-
 @dataclass
 class Prepared:
     """A case traced and rewritten once, with its samples (sample 0 was used for tracing)."""
@@ -342,7 +343,7 @@ class Prepared:
     result: Any  # fxviews.RewriteResult
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prepared(case_id: str) -> Prepared:
     """Trace the case on sample 0 (unbatched, contiguous) and rewrite it; cached per case."""
     case = CASES_BY_ID[case_id]
@@ -437,6 +438,7 @@ def test_rewritten_graph_on_noncontiguous_inputs_matches_eager(case_id: str) -> 
 
     def check(module: torch.fx.GraphModule, args: tuple) -> None:
         assert_tree_close(module(*args), expected, msg=f"{case_id} on non-contiguous inputs")
+
     checks = {name: functools.partial(check, graph, args) for name, args in variants.items()}
     failures = _failures(checks)
     assert not failures, "\n".join([f"{len(failures)}/{len(checks)} variants fail:", *failures])

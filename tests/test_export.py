@@ -6,6 +6,7 @@ with ``torch.stack``) match eager run one sample at a time. The caller's program
 modified. With dynamic dims, symbolic nodes are kept and the program stays right at sizes other
 than the example's.
 """
+
 from __future__ import annotations
 
 import io
@@ -18,7 +19,7 @@ from torch.func import vmap
 
 import fxviews
 from fxviews.examples import push_jvp
-from tests.export_cases import CASES, Case, JvpModule, OverlappingWindows, Stateful
+from tests.export_cases import CASES, Case, JvpModule, OverlappingWindows
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -175,9 +176,7 @@ class StaticWindowDynamicOther(torch.nn.Module):
 
 def test_dynamic_window_keeps_symbolic_node_and_is_right_at_other_sizes():
     n = Dim("n", min=3, max=64)
-    program = torch.export.export(
-        DynamicWindow(), (torch.randn(8, 3),), dynamic_shapes=({0: n},)
-    )
+    program = torch.export.export(DynamicWindow(), (torch.randn(8, 3),), dynamic_shapes=({0: n},))
     result = fxviews.rewrite(program)
     assert [r.method for r in result.records] == ["kept"]
     assert "symbolic" in result.records[0].reason
@@ -222,9 +221,7 @@ def test_jvp_with_dynamic_batch_keeps_nodes_and_matches_eager():
 def test_static_node_is_rewritten_in_a_program_with_dynamic_dims():
     m = Dim("m", min=2, max=64)
     x, z = torch.randn(3, 4), torch.randn(5, 3)
-    program = torch.export.export(
-        StaticWindowDynamicOther(), (x, z), dynamic_shapes=(None, {0: m})
-    )
+    program = torch.export.export(StaticWindowDynamicOther(), (x, z), dynamic_shapes=(None, {0: m}))
     result = fxviews.rewrite(program)
     assert [r.method for r in result.records] == ["synthesized"]
     loaded = _round_trip(result.exported_program)

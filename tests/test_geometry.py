@@ -3,14 +3,12 @@
 The reference for containment is the set of addresses enumerated element by element; the
 reference for a rewrite is ``as_strided`` itself on a real tensor.
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
 from fxviews.passes.geometry import (
     Geometry,
     contains_address,
@@ -21,6 +19,8 @@ from fxviews.passes.geometry import (
 )
 from fxviews.passes.synthesis import synthesize
 from fxviews.passes.view_chain import apply_chain, describe_chain
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 # CI runs the same examples every time (a landing must not hinge on a lucky draw); local runs
 # draw new ones. Either way a failure prints the example that reproduces it.
@@ -68,8 +68,20 @@ def random_view(draw: st.DrawFn, x: torch.Tensor, steps: int) -> torch.Tensor:
     for _ in range(steps):
         kind = draw(
             st.sampled_from(
-                ["select", "slice", "diagonal", "unfold", "expand", "unsqueeze", "squeeze",
-                 "permute", "flatten", "unflatten", "split", "movedim"]
+                [
+                    "select",
+                    "slice",
+                    "diagonal",
+                    "unfold",
+                    "expand",
+                    "unsqueeze",
+                    "squeeze",
+                    "permute",
+                    "flatten",
+                    "unflatten",
+                    "split",
+                    "movedim",
+                ]
             )
         )
         if x.ndim == 0 and kind not in ("unsqueeze",):

@@ -3,6 +3,7 @@
 Needs the ``onnx`` extra (onnx, onnxscript, onnxruntime); skipped without it. The plain
 ``torch.onnx.export`` is measured too, so the claim that it is wrong stays a measured one.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -20,19 +20,22 @@ aliasing is observable stay views, over buffers pinned to their traced layout). 
 eager PyTorch itself refuses are skipped; samples whose output does not alias the input (OpInfo
 entries that copy, or samples that do on float64) are left out at collection.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
+
+# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
+from fxviews.passes.torch_internals import op_db
 from torch.func import jvp, vmap
 
 import fxviews
-# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
-from fxviews.passes.torch_internals import op_db
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -52,12 +55,44 @@ MAX_NUMEL = 256
 #: OpInfo names of ops that return views of their input (every variant of each is taken).
 VIEW_OP_NAMES: frozenset[str] = frozenset(
     {
-        "select", "narrow", "diagonal", "unfold", "expand", "expand_as", "permute", "t",
-        "transpose", "movedim", "squeeze", "unsqueeze", "view", "view_as", "reshape",
-        "reshape_as", "flatten", "unflatten", "ravel", "split", "split_with_sizes",
-        "unsafe_split", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit",
-        "as_strided", "T", "mT", "H", "mH", "atleast_1d", "atleast_2d", "atleast_3d",
-        "__getitem__", "real",
+        "select",
+        "narrow",
+        "diagonal",
+        "unfold",
+        "expand",
+        "expand_as",
+        "permute",
+        "t",
+        "transpose",
+        "movedim",
+        "squeeze",
+        "unsqueeze",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "unflatten",
+        "ravel",
+        "split",
+        "split_with_sizes",
+        "unsafe_split",
+        "chunk",
+        "unbind",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+        "dsplit",
+        "as_strided",
+        "T",
+        "mT",
+        "H",
+        "mH",
+        "atleast_1d",
+        "atleast_2d",
+        "atleast_3d",
+        "__getitem__",
+        "real",
     }
 )
 
@@ -162,8 +197,15 @@ def _collect() -> tuple[list[Case], dict[str, str]]:
                 break
             if _usable(op, sample):
                 cases.append(
-                    Case(label, op.name, taken, op.op, tuple(sample.input.shape),
-                         tuple(sample.args), dict(sample.kwargs))
+                    Case(
+                        label,
+                        op.name,
+                        taken,
+                        op.op,
+                        tuple(sample.input.shape),
+                        tuple(sample.args),
+                        dict(sample.kwargs),
+                    )
                 )
                 taken += 1
         if not taken:
@@ -175,7 +217,6 @@ CASES, UNUSED_VIEW_ENTRIES = _collect()
 CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}
 assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 CASE_IDS = [c.id for c in CASES]
-
 
 
 @dataclass
@@ -190,7 +231,7 @@ class Prepared:
     result: Any = None  # fxviews.RewriteResult
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prepared(case_id: str) -> Prepared:
     """Trace and rewrite one case; cached so both tests share it. Eager runs first."""
     case = CASES_BY_ID[case_id]
@@ -282,11 +323,23 @@ def test_harness_detects_wrong_numbers_of_raw_graph(op_name: str) -> None:
 def test_corpus_covers_the_view_ops() -> None:
     """The corpus is not silently emptied by an OpInfo change, and exercises as_strided."""
     covered = {c.op_name for c in CASES}
-    for name in ("select", "narrow", "diagonal", "unfold", "permute", "transpose", "split",
-                 "unbind", "expand", "as_strided", "__getitem__"):
+    for name in (
+        "select",
+        "narrow",
+        "diagonal",
+        "unfold",
+        "permute",
+        "transpose",
+        "split",
+        "unbind",
+        "expand",
+        "as_strided",
+        "__getitem__",
+    ):
         assert name in covered, f"OpInfo gave no usable sample of {name}"
     with_as_strided = [
-        c.id for c in CASES[::5]
+        c.id
+        for c in CASES[::5]
         if prepared(c.id).gm is not None and as_strided_nodes(prepared(c.id).gm)
     ]
     assert with_as_strided, "no traced case holds an as_strided node: the corpus tests nothing"

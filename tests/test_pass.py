@@ -1,4 +1,5 @@
 """The AsStridedToViews pass and fxviews.rewrite: records, variants, strictness, hygiene, cost."""
+
 from __future__ import annotations
 
 import functools
@@ -6,13 +7,13 @@ import operator
 
 import pytest
 import torch
+from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
+from fxviews.passes.geometry import Geometry
+from fxviews.passes.view_chain import AS_STRIDED_OPS
 from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
-from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
-from fxviews.passes.geometry import Geometry
-from fxviews.passes.view_chain import AS_STRIDED_OPS
 
 aten = torch.ops.aten
 
@@ -383,8 +384,13 @@ def test_dead_code_step_erases_only_provably_pure_nodes() -> None:
     gm = torch.fx.GraphModule({}, graph)
     assert remove_dead_pure_nodes(gm)
     left = [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-    assert left == [aten.rand.default, aten.native_dropout.default, aten.clone.default,
-                    aten.add_.Tensor, "add"]
+    assert left == [
+        aten.rand.default,
+        aten.native_dropout.default,
+        aten.clone.default,
+        aten.add_.Tensor,
+        "add",
+    ]
 
 
 def _safe_then_unsafe(x):
@@ -433,8 +439,11 @@ def test_large_scatter_is_proven_not_assumed() -> None:
         torch.testing.assert_close(res.graph_module(x, s), scatter(x, s))
     # A self without overlap is written through its own layout, offset included: rewritten.
     offset = fxviews.rewrite(
-        fxviews.trace(lambda x, s: aten.as_strided_scatter.default(x[1:], s, [3], [1], 2),
-                      torch.randn(100_010), torch.randn(3))
+        fxviews.trace(
+            lambda x, s: aten.as_strided_scatter.default(x[1:], s, [3], [1], 2),
+            torch.randn(100_010),
+            torch.randn(3),
+        )
     )
     assert [r.method for r in offset.records] == ["synthesized"]
     x, s = torch.randn(100_010), torch.randn(3)
@@ -543,8 +552,9 @@ def many_views(n: int):
     return g
 
 
-@pytest.mark.parametrize("where", ["fxviews.passes.view_chain.apply_chain",
-                                   "fxviews.passes.as_strided_to_views._build"])
+@pytest.mark.parametrize(
+    "where", ["fxviews.passes.view_chain.apply_chain", "fxviews.passes.as_strided_to_views._build"]
+)
 def test_a_bug_in_a_candidate_surfaces_instead_of_becoming_a_kept_record(
     monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:

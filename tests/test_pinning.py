@@ -14,20 +14,22 @@ position (:func:`tests.reference.stack_batched`):
 - kept ``as_strided`` nodes (unsafe, no view form; every variant) over pinned buffers;
 - a case where eager ``vmap`` fails and the transformed function is right.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
+from fxviews.passes.pinning import dense_order, merges_dims
 from torch.func import grad, jvp, vmap
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
-from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
-from fxviews.passes.pinning import dense_order, merges_dims
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -107,8 +109,16 @@ def _primal(case: OpInfoCase, inplace: str) -> Callable[..., Any]:
 
 #: Ops whose view may merge dims (or, for as_strided, flatten first): every sample of these,
 #: the first sample of every other view op (they hold no merging view, so fewer suffice).
-MERGING_OPS = {"view", "view_as", "reshape", "reshape_as", "flatten", "ravel", "unflatten",
-               "as_strided"}
+MERGING_OPS = {
+    "view",
+    "view_as",
+    "reshape",
+    "reshape_as",
+    "flatten",
+    "ravel",
+    "unflatten",
+    "as_strided",
+}
 
 OPINFO_COMBOS = [
     pytest.param(case, inplace, transform, id=f"{case.id}-{inplace}-{transform}")

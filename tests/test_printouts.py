@@ -1,4 +1,5 @@
 """Graph-diff printouts (``str(RewriteResult)``), the debug environment variable and logging."""
+
 from __future__ import annotations
 
 import functools
@@ -8,11 +9,11 @@ import operator
 
 import pytest
 import torch
+from fxviews.passes import Record
+from fxviews.passes.graph_edits import describe_call
 
 import fxviews
 from fxviews.examples import push_jvp
-from fxviews.passes import Record
-from fxviews.passes.graph_edits import describe_call
 from fxviews.printouts import (
     DEBUG_ENV,
     debug_enabled,
@@ -43,22 +44,45 @@ def mixed_result():
 def fake_result(records, *, code_before="def forward(self):\n    return ()", seconds=0.0021):
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     return fxviews.RewriteResult(
-        graph_module=gm, records=records, modified=bool(records), code_before=code_before,
+        graph_module=gm,
+        records=records,
+        modified=bool(records),
+        code_before=code_before,
         seconds=seconds,
     )
 
 
 LONG = "as_strided(" + ", ".join(f"clone_{i}" for i in range(30)) + ", [6, 6, 6], [36, 6, 1], 0)"
 RECORDS = [
-    Record("as_strided", "as_strided(clone_1, [6], [1], 0)", "select(clone_1, 0, 0)",
-           "provenance", "replays select"),
-    Record("as_strided_1", LONG, "unfold(unfold(x, 0, 2, 1), 1, 2, 1)", "synthesized",
-           "a chain of view ops " * 8),
+    Record(
+        "as_strided",
+        "as_strided(clone_1, [6], [1], 0)",
+        "select(clone_1, 0, 0)",
+        "provenance",
+        "replays select",
+    ),
+    Record(
+        "as_strided_1",
+        LONG,
+        "unfold(unfold(x, 0, 2, 1), 1, 2, 1)",
+        "synthesized",
+        "a chain of view ops " * 8,
+    ),
     Record("as_strided_2", "as_strided(t, [2, 3], [3, 1], 0)", "t", "identity", "same geometry"),
-    Record("as_strided_3", "as_strided(buf, [6], [1], 0)", "select(view, 0, 0)", "scatter",
-           "relative to the base view"),
-    Record("as_strided_4", "as_strided(x, [3], [1], 0)", "as_strided(x, [3], [1], 0)", "kept",
-           "exposes memory its input does not"),
+    Record(
+        "as_strided_3",
+        "as_strided(buf, [6], [1], 0)",
+        "select(view, 0, 0)",
+        "scatter",
+        "relative to the base view",
+    ),
+    Record(
+        "as_strided_4",
+        "as_strided(x, [3], [1], 0)",
+        "as_strided(x, [3], [1], 0)",
+        "kept",
+        "exposes memory its input does not",
+    ),
 ]
 
 
@@ -144,8 +168,13 @@ def column_lines(table: str, column: int) -> list[str]:
 
 
 def feature_meta_record() -> Record:
-    return Record("as_strided", f"as_strided({FEATURE_META}, [6], [1], 0)",
-                  f"select({FEATURE_META}, 0, 0)", "provenance", "replays the view " * 4)
+    return Record(
+        "as_strided",
+        f"as_strided({FEATURE_META}, [6], [1], 0)",
+        f"select({FEATURE_META}, 0, 0)",
+        "provenance",
+        "replays the view " * 4,
+    )
 
 
 def test_cells_wrap_at_token_boundaries_not_inside_identifiers():
@@ -259,8 +288,10 @@ def test_diff_ignores_release_bookkeeping():
     assert format_diff(before, after) == "(graph code unchanged)"
 
 
-@pytest.mark.parametrize("value, enabled", [("1", True), ("true", True), ("ON", True),
-                                            ("0", False), ("", False), ("no", False)])
+@pytest.mark.parametrize(
+    "value, enabled",
+    [("1", True), ("true", True), ("ON", True), ("0", False), ("", False), ("no", False)],
+)
 def test_debug_enabled(monkeypatch, value, enabled):
     monkeypatch.setenv(DEBUG_ENV, value)
     assert debug_enabled() is enabled

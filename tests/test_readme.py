@@ -47,7 +47,9 @@ def python_blocks(markdown: str) -> list[Snippet]:
             start = number
         elif start is not None and fence == "```":
             runnable = start == 1 or not lines[start - 2].startswith(NOT_RUN)
-            snippets.append(Snippet(start + 1, "\n".join(lines[start:number - 1]) + "\n", runnable))
+            snippets.append(
+                Snippet(start + 1, "\n".join(lines[start : number - 1]) + "\n", runnable)
+            )
             start = None
     if start is not None:
         raise ValueError(f"the ```python block opened on line {start} is not closed")

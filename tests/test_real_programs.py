@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.func import functional_call, grad, hessian, jacfwd, jvp, stack_module_state, vmap
+from torch.func import functional_call, grad, hessian, jacfwd, jvp, vmap
 
 import fxviews
 from tests.reference import assert_tree_close
@@ -304,7 +305,9 @@ def _norm_jacfwd() -> Program:
 def _norm_hessian() -> Program:
     mlp = _init(NormMLP(3), seed=13)
     return Program(
-        "hessian_norm_mlp", hessian(lambda x: mlp(x).pow(2).sum()), lambda s: (_randn(3, seed=s),),
+        "hessian_norm_mlp",
+        hessian(lambda x: mlp(x).pow(2).sum()),
+        lambda s: (_randn(3, seed=s),),
         (True,),
     )
 
@@ -332,8 +335,18 @@ def _jvp_view_then_norm() -> Program:
 
 
 PROGRAMS = [
-    _resnet(), _shuffle(), _swin(), _vit(), _kv_cache(), _boxes(), _per_sample_grads(),
-    _ensemble(), _norm_jvp(), _resnet_jvp(), _norm_jacfwd(), _norm_hessian(),
+    _resnet(),
+    _shuffle(),
+    _swin(),
+    _vit(),
+    _kv_cache(),
+    _boxes(),
+    _per_sample_grads(),
+    _ensemble(),
+    _norm_jvp(),
+    _resnet_jvp(),
+    _norm_jacfwd(),
+    _norm_hessian(),
     _jvp_view_then_norm(),
 ]
 
@@ -431,7 +444,10 @@ def _runs_under(program: Program, bd: int, backend: str) -> bool:
 # functorch's dispatch keys excluded for the rest of the process. Not a backend's to fix:
 # `transform` covers these programs (above), and the README says to use it for them.
 _FORWARD_AD_THROUGH_NORMS = {
-    "jvp_norm_mlp", "jvp_resnet_block", "jacfwd_layer_norm", "hessian_norm_mlp",
+    "jvp_norm_mlp",
+    "jvp_resnet_block",
+    "jacfwd_layer_norm",
+    "hessian_norm_mlp",
     "jvp_view_then_norm",
 }
 BACKEND_CASES = [

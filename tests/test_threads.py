@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.func import grad, vmap
@@ -91,10 +92,13 @@ def test_warm_cache_many_threads():
     tf = fxviews.transform(fn)
     for n in SIZES:
         tf(*make_args(n, 0))
-    assert _hammer(
-        lambda thread, call: _check_case(tf, make_args, expected, thread, call),
-        calls_per_thread=50,
-    ) == []
+    assert (
+        _hammer(
+            lambda thread, call: _check_case(tf, make_args, expected, thread, call),
+            calls_per_thread=50,
+        )
+        == []
+    )
     assert tf.cache_info().misses == len(SIZES)
 
 
@@ -128,11 +132,13 @@ def test_eager_jvp_is_not_thread_safe_but_the_transformed_function_is():
     assert eager_failures, "eager torch.func.jvp survived 10 s of concurrent calls"
 
     tf = fxviews.transform(fn)
-    assert _hammer(
-        lambda thread, call: _check_case(tf, make_args, expected, thread, call),
-        calls_per_thread=200,
-    ) == []
-
+    assert (
+        _hammer(
+            lambda thread, call: _check_case(tf, make_args, expected, thread, call),
+            calls_per_thread=200,
+        )
+        == []
+    )
 
 
 def test_trace_and_explain_in_threads():

@@ -3,6 +3,7 @@
 A PyTorch release that moves or renames one of them fails here, with a test id and a message
 naming it, before it breaks a user's graph.
 """
+
 from __future__ import annotations
 
 import ast
@@ -13,13 +14,13 @@ import logging
 import re
 from pathlib import Path
 
+import fxviews.passes.torch_internals as internals
 import pytest
 import torch
 from packaging.requirements import Requirement  # packaging comes with pytest
 from packaging.specifiers import SpecifierSet
 
 import fxviews
-import fxviews.passes.torch_internals as internals
 
 REPO = Path(__file__).resolve().parent.parent
 # The shipped code: everything in it but the internals module must go through that module.
@@ -79,7 +80,8 @@ def test_an_unknown_name_is_an_attribute_error():
 
 def test_supported_range_is_the_declared_range_and_holds_this_torch():
     torch_requirements = [
-        Requirement(r) for r in importlib.metadata.requires("fxviews") or ()
+        Requirement(r)
+        for r in importlib.metadata.requires("fxviews") or ()
         if Requirement(r).name == "torch"
     ]
     assert [r.specifier for r in torch_requirements] == [SpecifierSet(internals.SUPPORTED_TORCH)]
@@ -218,7 +220,7 @@ def _private_attribute_use(node: ast.Attribute) -> str | None:
     root_name = root.id if isinstance(root, ast.Name) else "..."
     owned = root_name in ("self", "cls")  # the project's own objects keep private attributes
     path = ".".join([root_name, *names])
-    if any(_private(name) for name in names[1 if owned else 0:]):
+    if any(_private(name) for name in names[1 if owned else 0 :]):
         return path
     if root_name == "torch" and _unstable(path):
         return path
@@ -268,16 +270,18 @@ def private_uses(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_scan_finds_each_kind_of_private_use():
-    source = "\n".join([
-        "import torch.utils._pytree as pytree",
-        "from torch._ops import OpOverload",
-        "from torch.autograd import _force_original_view_tracking",
-        "from torch.fx.experimental.proxy_tensor import make_fx",
-        "x.untyped_storage()._cdata",
-        "getattr(f, '_boxed_call', False)",
-        "torch.fx.passes.fake_tensor_prop",
-        "self._cache, obj.__class__, torch.fx.Graph, from_here",
-    ])
+    source = "\n".join(
+        [
+            "import torch.utils._pytree as pytree",
+            "from torch._ops import OpOverload",
+            "from torch.autograd import _force_original_view_tracking",
+            "from torch.fx.experimental.proxy_tensor import make_fx",
+            "x.untyped_storage()._cdata",
+            "getattr(f, '_boxed_call', False)",
+            "torch.fx.passes.fake_tensor_prop",
+            "self._cache, obj.__class__, torch.fx.Graph, from_here",
+        ]
+    )
     assert [line for line, _ in private_uses(source)] == [1, 2, 3, 4, 5, 6, 7]
 
 

@@ -12,11 +12,13 @@ Two ways a transform meets ``transform(f)``:
 Batched inputs are built with ``torch.stack(samples, dim=bd)`` (tests/reference.py), so the
 batch dim really sits where ``in_dims`` says.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -211,9 +213,11 @@ def _outer(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     if name == "jvp":
         return lambda x, y: jvp(functools.partial(fn, x), (y,), (y.cos(),))
     if name == "vjp":
+
         def pull(x, y):
             out, pullback = vjp(functools.partial(fn, x), y)
             return out, pullback(pytree.tree_map(torch.sin, out))
+
         return pull
     if name == "grad":
         return grad(scalar, argnums=1)
@@ -251,9 +255,7 @@ def test_vmap_of_outer_transform_around_transform(outer, in_dims):
 def nested_stack(grid: list[list[tuple[torch.Tensor, ...]]], inner: tuple, outer: tuple):
     """Batch a grid of samples twice: inner index stacked at ``inner``, outer at ``outer``."""
     rows = [stack_batched(row, inner) for row in grid]
-    return tuple(
-        torch.stack([row[i] for row in rows], dim=bd) for i, bd in enumerate(outer)
-    )
+    return tuple(torch.stack([row[i] for row in rows], dim=bd) for i, bd in enumerate(outer))
 
 
 @pytest.mark.parametrize(
@@ -276,6 +278,7 @@ def test_transform_inside_transform_traces_through():
     samples = samples_for(3)
     in_dims = (2, 1, 0)
     actual = vmap(outer, in_dims=in_dims)(*stack_batched(samples, in_dims))
+
     def reference(x, y, yt):
         return [t * 2 for t in pytree.tree_leaves(inner_jvp(seed)(x, y, yt))]
 

@@ -15,18 +15,20 @@ with stride 1") for some placement: the corpus does exercise the failure.
 Observed-alias cases (the view is written through after it is taken; the view is returned as an
 alias of an input or of another output) must keep ``view`` with a reason, and stay right.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
+from fxviews.passes import ViewToReshape
 from torch.func import grad, jvp, vmap
 
 import fxviews
-from fxviews.passes import ViewToReshape
 from tests.reference import (
     assert_tree_close,
     in_dims_id,
@@ -103,7 +105,7 @@ def _with_transform(f: Callable[..., Any], transform: str) -> tuple[Callable[...
     return pull, 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _traced(case_name: str, inplace: str, transform: str) -> tuple[Any, ...]:
     """(eager fn, samples, as_strided-rewritten graph, same graph after ViewToReshape, records)."""
     case = next(c for c in VIEWS if c.name == case_name)
@@ -368,9 +370,7 @@ def test_functionalize_makes_aliasing_unobservable_so_views_become_reshape() -> 
     assert "kept" in {r.method for r in plain.view_records}
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         torch.func.vmap(plain.graph_module, in_dims=1)(batched)
-    functional = fxviews.rewrite(
-        fxviews.trace(_mutate_after_view, samples[0], functionalize=True)
-    )
+    functional = fxviews.rewrite(fxviews.trace(_mutate_after_view, samples[0], functionalize=True))
     assert {r.method for r in functional.view_records} == {"reshape"}
     vmapped = torch.func.vmap(functional.graph_module, in_dims=1)
     torch.testing.assert_close(vmapped(batched), expected)
