@@ -19,6 +19,7 @@ from fxviews.passes import (
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
+from fxviews.passes.torch_internals import LazyGraphModule
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
 TRACED_WITH = "fxviews_traced_with"
@@ -100,16 +101,12 @@ def rewrite(
         )
     start = time.perf_counter()
     # A new module over a copy of the graph: the caller's graph stays as it was, while
-    # parameters, buffers and tensor constants stay shared (gradients still reach them).
-    own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    # parameters, buffers and tensor constants stay shared (gradients still reach them). The
+    # copy's code is generated once, after the rewrite: a lazy module generates none before.
+    own = LazyGraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
     own.meta = dict(gm.meta)
-    result = rewrite_in_place(
-        own,
-        strict=strict,
-        example_inputs=example_inputs,
-        reshape_views=reshape_views,
-        pin_layouts=pin_layouts,
-    )
+    result = _rewrite_steps(own, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+    LazyGraphModule.force_recompile(own)  # the one code generation: a ready module, as before
     result.seconds = time.perf_counter() - start
     return result
 
@@ -124,9 +121,26 @@ def rewrite_in_place(
     """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``.
+
+    Example::
+
+        >>> gm = fxviews.trace(push_jvp, x, y, yt)
+        >>> rewrite_in_place(gm).graph_module is gm
+        True
     """
+    return _rewrite_steps(gm, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+
+
+def _rewrite_steps(
+    gm: torch.fx.GraphModule,
+    code_before: str,
+    strict: bool,
+    example_inputs: Sequence[Any] | None,
+    reshape_views: bool,
+    pin_layouts: bool,
+) -> RewriteResult:
+    """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
     start = time.perf_counter()
-    code_before = gm.code
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)
     modified = engine(gm).modified

@@ -60,6 +60,7 @@ from .scatter import base_geometries, base_view_step, build_scatter, has_scatter
 from .synthesis import synthesize
 from .torch_internals import (
     FakeTensorMode,
+    LazyGraphModule,
     OpOverload,
     PassBase,
     PassResult,
@@ -90,6 +91,24 @@ class _GraphContext:
     index: ViewIndex
     replacer: OutputDeferringReplacer
     position: dict[torch.fx.Node, int]  # of the original nodes, for "used after" questions
+    # Per input node, its users that change its layout in place: found once per input, since
+    # one base can feed thousands of as_strided nodes (a scan per node would be quadratic).
+    layout_mutators: dict[torch.fx.Node, list[torch.fx.Node]]
+
+    def layout_mutation(self, node: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node | None:
+        """A user of ``source`` other than ``node`` that changes its layout in place, or None.
+
+        The pass adds no such user (it emits views, clones and scatters), so the users found
+        once stay the only candidates; a replaced one is no longer among ``source``'s users.
+        """
+        if source not in self.layout_mutators:
+            self.layout_mutators[source] = [
+                u for u in source.users if u.target in METADATA_MUTATIONS
+            ]
+        return next(
+            (u for u in self.layout_mutators[source] if u is not node and u in source.users),
+            None,
+        )
 
 
 @dataclass(frozen=True)
@@ -152,7 +171,7 @@ class AsStridedToViews(PassBase):
                     graph_module.recompile()
                 return PassResult(graph_module, modified)
             # Atomic: the copy absorbs every edit until the last node is known to be rewritten.
-            work = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
+            work = LazyGraphModule(graph_module, copy.deepcopy(graph_module.graph))
             modified = self._rewrite_all(work)
             if modified:
                 graph_module.graph = work.graph  # the setter also recompiles
@@ -168,6 +187,7 @@ class AsStridedToViews(PassBase):
             index=ViewIndex(graph),
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
+            layout_mutators={},
         )
         modified = False
         for node in nodes:
@@ -205,10 +225,7 @@ class AsStridedToViews(PassBase):
                     "as_strided_ restrides its input in place and the graph's "
                     "metadata records only the layout after it",
                 )
-        mutation = next(
-            (u for u in call.source.users if u.target in METADATA_MUTATIONS and u is not node),
-            None,
-        )
+        mutation = context.layout_mutation(node, call.source)
         if mutation is not None:
             return _kept(
                 call,

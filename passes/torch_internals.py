@@ -138,6 +138,10 @@ try:
     from torch.autograd import _force_original_view_tracking as force_original_view_tracking
     from torch.autograd import forward_ad as _forward_ad
 
+    # A GraphModule that generates its code on first use, not at construction: a copy of a
+    # graph that is rewritten before any code of it is needed is generated once. 2.3.
+    from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
+
     # The tracer (make_fx, fake mode since 1.13), its symbolic shapes for .item() and boolean
     # masks (ShapeEnv, 1.13) and its error on Python control flow over tensor values
     # (GuardOnDataDependentSymNode, 2.1).
@@ -146,6 +150,10 @@ try:
 
     # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
     from torch.fx.passes.infra.pass_base import PassBase, PassResult
+
+    # Run a view op's own kernel on a fake tensor's meta storage, below every mode: the emitted
+    # nodes' fake values without a FakeTensorMode dispatch each (no_dispatch, 1.10).
+    from torch.utils._mode_utils import no_dispatch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 except ImportError as err:
@@ -285,6 +293,8 @@ BOUND_NAMES = (
     "ShapeEnv",
     "PassBase",
     "PassResult",
+    "LazyGraphModule",
+    "no_dispatch",
     "temporarily_clear_interpreter_stack",
     "is_functorch_wrapped_tensor",
     "get_unwrapped",
