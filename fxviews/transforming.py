@@ -25,6 +25,7 @@ from fxviews.passes.torch_internals import (
     temporarily_clear_interpreter_stack,
 )
 from fxviews.printouts import logger, report_rewrite
+from fxviews.rebuilding import Rebuilder, output_rebuilder
 from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
 from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock
 
@@ -167,10 +168,8 @@ class _Entry:
 
     graph_module: torch.fx.GraphModule | None
     input_positions: tuple[int, ...] = ()
-    out_spec: pytree.TreeSpec | None = None
-    # Output leaves the graph does not produce (None, Python numbers, ...): fixed per signature.
-    out_constants: tuple[Any, ...] = ()
-    out_from_graph: tuple[bool, ...] = ()
+    # fn's output tree from the graph's flat outputs (constants of the signature included).
+    rebuild: Rebuilder | None = None
     # Unhashable non-tensor arguments are keyed by id(); holding them keeps the ids unique.
     keepalive: tuple[Any, ...] = ()
     eager_reason: str | None = None
@@ -178,14 +177,7 @@ class _Entry:
     def run(self, tensors: Sequence[Any]) -> Any:
         # The generated forward itself: a traced graph has no hooks, so nn.Module.__call__
         # would only add overhead to every call.
-        produced = self.graph_module.forward(*tensors)  # type: ignore[union-attr]
-        if not self.out_constants:
-            return pytree.tree_unflatten(produced, self.out_spec)
-        produced_iter, constants = iter(produced), iter(self.out_constants)
-        leaves = [
-            next(produced_iter) if traced else next(constants) for traced in self.out_from_graph
-        ]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        return self.rebuild(self.graph_module.forward(*tensors))  # type: ignore[misc,union-attr]
 
 
 class _GraphCache:
@@ -209,14 +201,19 @@ class _GraphCache:
 
     def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
         """The entry for this call's signature (built on a miss) and the tensors to run it on."""
-        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+        if not kwargs:
             # The common call, only positional tensors, skips pytree flattening: the bulk of the
-            # cached path's overhead on small graphs.
-            key: Any = tuple(_tensor_key(a) for a in args)
-            entry = self._get(key)
-            if entry is None:
-                entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
-            return entry, args
+            # cached path's overhead on small graphs. One pass builds the key (as _tensor_key)
+            # and finds out whether every argument is a tensor.
+            tensor_keys = tuple(
+                [(a.shape, a.dtype, a.device) for a in args if isinstance(a, torch.Tensor)]
+            )
+            if len(tensor_keys) == len(args):
+                entry = self._get(tensor_keys)
+                if entry is None:
+                    flat = pytree.tree_flatten((args, kwargs))
+                    entry = self._insert(tensor_keys, *flat, keepalive=())
+                return entry, args
         leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
         key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
@@ -282,7 +279,7 @@ class _GraphCache:
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
             filled = list(leaves)
-            for position, tensor in zip(positions, tensors):
+            for position, tensor in zip(positions, tensors, strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
             out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))
@@ -305,16 +302,17 @@ class _GraphCache:
         return _Entry(
             graph_module=result.graph_module,
             input_positions=positions,
-            out_spec=out_info["spec"],
-            out_constants=out_info["constants"],
-            out_from_graph=out_info["from_graph"],
+            rebuild=output_rebuilder(
+                out_info["spec"], out_info["from_graph"], out_info["constants"]
+            ),
             keepalive=keepalive,
         )
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
-    # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees.
-    return (tuple(tensor.shape), tensor.dtype, tensor.device)
+    # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
+    # torch.Size hashes and compares as the tuple of its sizes.
+    return (tensor.shape, tensor.dtype, tensor.device)
 
 
 def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
