@@ -22,7 +22,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx]'
+	$(PY) -m pip install -q -e '.[test,onnx,bench]'
 	touch $(STAMP)
 
 test: setup

@@ -12,6 +12,9 @@ one process on one machine are what compare; absolute times move with the machin
 4. ``pass_cost``   the engine's cost vs graph size, per node and as a fraction of make_fx.
 5. ``overhead``    a cached ``transform`` call vs calling its graph module directly.
 6. ``compile``     compile time of ``backend="fxviews"`` vs ``aot_eager``.
+7. ``compiled``    ``vmap(push_jvp)`` under ``torch.compile`` (Inductor, ``aot_eager``,
+                   ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
+                   steady-state call, first call, and after how many calls a compile pays.
 
 Every timing is a median over repeats. torch runs on one thread unless ``--threads`` says
 otherwise, so that timings do not depend on how busy the other cores are. A row whose
@@ -22,14 +25,16 @@ raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import functools
 import json
 import os
 import platform
 import statistics
+import textwrap
 import time
+import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,14 +43,14 @@ import torch
 from tabulate import tabulate
 
 import fxviews
+from fxviews import bench_plots
 from fxviews.cli import positive_int
 from fxviews.examples import f, push_jvp, seed_args
-from fxviews.rewriting import rewrite_in_place
 
 __all__ = ["add_arguments", "main", "run"]
 
 #: Row names, in the order they run and print.
-ROWS = ("vmap", "graph", "first_call", "pass_cost", "overhead", "compile")
+ROWS = ("vmap", "graph", "first_call", "pass_cost", "overhead", "compile", "compiled")
 
 #: A JSON-ready table: one dict per printed line, the same keys in every dict.
 Table = list[dict[str, Any]]
@@ -61,9 +66,10 @@ class Settings:
     graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
     compile_repeats: int  # first-call/compile timings are seconds each: fewer repeats
     default_backend: bool  # Inductor compiles for many seconds; --quick leaves it out
+    dense_views: int = 1_000  # views of one base in row 4's as_strided-dense graph (0: none)
 
 
-QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False)
+QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
 FULL = Settings(7, 0.1, (8, 64, 256, 1024), (1_000, 10_000, 100_000), 3, True)
 
 
@@ -107,6 +113,33 @@ def many_views(blocks: int) -> Callable[..., Any]:
             base.copy_(y[i])
             outs.append(sum(v.sum() for v in views))
         return outs
+
+    def generated(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
+        return torch.func.jvp(functools.partial(body, x), (y,), (yt,))
+
+    return generated
+
+
+def dense_views(count: int) -> Callable[..., Any]:
+    """``count`` views of one 8x8 base, then the base overwritten: forward AD's as_strided-dense
+    graph (one as_strided per view, all of them reading the same buffer).
+
+    The views cycle through rows, columns, stepped row slices, rows of the transpose and
+    diagonals, each consumed by a sum.
+    """
+    kinds: tuple[Callable[[torch.Tensor, int], torch.Tensor], ...] = (
+        lambda base, i: base[i % 8],
+        lambda base, i: base[:, i % 8],
+        lambda base, i: base[i % 7 :: 2],
+        lambda base, i: base.t()[i % 8],
+        lambda base, i: base.diagonal(i % 5),
+    )
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        base = x.clone()
+        views = [kinds[i % len(kinds)](base, i) for i in range(count)]
+        base.copy_(y)
+        return [view.sum() for view in views]
 
     def generated(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
         return torch.func.jvp(functools.partial(body, x), (y,), (yt,))
@@ -161,7 +194,10 @@ def first_call_seconds(
         reset_dynamo()
         fn = wrap(make_fn())
         start = time.perf_counter()
-        with torch.compiler.config.patch(force_disable_caches=True):
+        with torch.compiler.config.patch(force_disable_caches=True), warnings.catch_warnings():
+            # Dynamo warns that disabling caches disables its profile-guided recompiles too, on
+            # every compile (a reset forgets it warned): that is the cold compile measured here.
+            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
             out = fn(*args)
             if backward:
                 out.backward()
@@ -212,13 +248,20 @@ def fmt_seconds(seconds: float | None) -> str:
 
 
 def fmt_ratio(ratio: float | None) -> str:
-    return "n/a" if ratio is None else f"{ratio:.3g}x"
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:,.0f}x" if abs(ratio) >= 1000 else f"{ratio:.3g}x"  # 1,510x, not 1.51e+03x
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
+
+
+def above(seconds: float | None, floor: float | None) -> float | None:
+    """``seconds - floor``: what a call costs above a floor both include (None if unknown)."""
+    return None if seconds is None or floor is None else seconds - floor
 
 
 def rewritten(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -268,6 +311,11 @@ def bench_vmap(settings: Settings) -> Table:
                 "loop/floor": ratio(times["loop"], times["vmap_floor"]),
                 "eager_vmap/graph": ratio(times["eager_vmap"], times["graph_vmap"]),
                 "transform/graph": ratio(times["transform_vmap"], times["graph_vmap"]),
+                # The work each does above vmap's own cost.
+                "eager/tf_over_floor": ratio(
+                    above(times["eager_vmap"], times["vmap_floor"]),
+                    above(times["transform_vmap"], times["vmap_floor"]),
+                ),
                 "note": why,
             }
         )
@@ -336,7 +384,12 @@ def bench_first_call(settings: Settings) -> Table:
 
 
 def bench_pass_cost(settings: Settings) -> Table:
-    """Row 4: the engine's time per node and as a fraction of the make_fx trace it follows."""
+    """Row 4: the pass's time per node and as a fraction of the make_fx trace it follows.
+
+    The pass is ``fxviews.rewrite``: its one copy of the graph, engine, reshape step, pinning,
+    hygiene and one code generation. Graphs: ``many_views`` at each size of the settings, and
+    the as_strided-dense ``dense_views`` graph.
+    """
 
     def args_for(blocks: int) -> tuple[torch.Tensor, ...]:
         return tuple(torch.randn(blocks, 4, 4) for _ in range(3))
@@ -344,28 +397,32 @@ def bench_pass_cost(settings: Settings) -> Table:
     # Calibrate blocks-per-node on a small graph: the node count is linear in the blocks.
     probe = fxviews.trace(many_views(8), *args_for(8))
     nodes_per_block = len(probe.graph.nodes) / 8
-    table = []
+    graphs = []
     for target in settings.graph_nodes:
         blocks = max(1, round(target / nodes_per_block))
-        fn, args = many_views(blocks), args_for(blocks)
+        graphs.append(("many_views", many_views(blocks), args_for(blocks), target))
+    if settings.dense_views:
+        dense_args = tuple(torch.randn(8, 8) for _ in range(3))
+        graphs.append(("dense_views", dense_views(settings.dense_views), dense_args, 0))
+    table = []
+    for name, fn, args, target in graphs:
         start = time.perf_counter()
         gm = fxviews.trace(fn, *args)
         t_trace = time.perf_counter() - start
-        # The pass mutates its input: time it on copies made outside the timer. A 100k-node
-        # graph takes seconds per pass, long enough to time once (and keep --quick quick).
+        # A 100k-node graph takes seconds per pass, long enough to time once (and keep --quick
+        # quick). rewrite leaves gm as it was: every repeat starts from the same graph.
         repeats = settings.repeats if target < 100_000 else 1
         samples = []
         for _ in range(repeats):
-            work = copy.deepcopy(gm)
             start = time.perf_counter()
-            # What rewrite, transform and the backend run: engine, reshape step, hygiene.
-            result = rewrite_in_place(work)
+            result = fxviews.rewrite(gm)
             samples.append(time.perf_counter() - start)
         records = result.records  # the same in every repeat: the pass is deterministic
         t_pass = statistics.median(samples)
         nodes = len(gm.graph.nodes)
         table.append(
             {
+                "graph": name,
                 "nodes": nodes,
                 "as_strided": len(records),
                 "rewritten": sum(r.method != "kept" for r in records),
@@ -443,6 +500,130 @@ def bench_compile(settings: Settings) -> Table:
     return table
 
 
+#: The ``torch.compile`` paths of row 7: how each wraps ``vmap(push_jvp)``, and whether it runs
+#: Inductor (left out of ``--quick``: a cold Inductor compile takes seconds).
+COMPILED_PATHS: dict[str, tuple[dict[str, Any], bool]] = {
+    "inductor": ({}, True),
+    "aot_eager": ({"backend": "aot_eager"}, False),
+    "fxviews (eager)": ({"backend": "fxviews"}, False),
+    "fxviews (inductor)": ({"backend": "fxviews", "options": {"inner": "inductor"}}, True),
+}
+
+#: Batch size of row 7, as in the issue's measurements of the compiled paths.
+COMPILED_BATCH = 256
+
+
+def own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A function calling ``fn`` through a code object of its own.
+
+    Dynamo keeps compiled entries per code object: compiled paths that all wrapped ``vmap``'s
+    one wrapper would share a cache, and each call would check the other paths' guards first.
+    """
+
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    code = call.__code__.replace(co_name=name.replace(" ", "_").strip("()"))
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def compiled_vmap(name: str, options: dict[str, Any]) -> Wrap:
+    """How path ``name`` wraps a function: ``torch.compile(vmap(fn), **options)``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(own_code(torch.func.vmap(fn), name), **options)
+
+    return wrap
+
+
+def bench_compiled(settings: Settings) -> Table:
+    """Row 7: ``vmap(push_jvp)`` compiled, against ``vmap(fxviews.transform(push_jvp))``.
+
+    Steady state: every path compiled once, then timed side by side. First call: a fresh
+    function, Dynamo reset, compile caches off (see :func:`first_call_seconds`). Break-even:
+    the number of calls ``n`` after which ``first + (n - 1) * steady`` of the compiled path
+    drops below the transform's.
+    """
+    from fxviews.passes.torch_internals import reset_dynamo
+
+    transform, why = transform_or_reason()
+    samples = [seed_args() for _ in range(COMPILED_BATCH)]
+    batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+    paths = {
+        name: options
+        for name, (options, inductor) in COMPILED_PATHS.items()
+        if settings.default_backend or not inductor
+    }
+    wraps: dict[str, Wrap] = {name: compiled_vmap(name, opts) for name, opts in paths.items()}
+    if transform is not None:
+        wraps = {"vmap(transform)": lambda fn: torch.func.vmap(transform(fn)), **wraps}
+    first: dict[str, tuple[float | None, str]] = {}
+    for name, wrap in wraps.items():
+        first[name] = measured(
+            functools.partial(
+                first_call_seconds, make_push_jvp, wrap, batched, settings.compile_repeats
+            )
+        )
+    try:
+        ready: dict[str, Callable[[], Any]] = {}
+        for name, wrap in wraps.items():
+            if first[name][0] is not None:
+                ready[name] = functools.partial(wrap(make_push_jvp()), *batched)
+                ready[name]()  # compiles (caches on): the steady state follows
+        steady: dict[str, float | None] = dict(median_seconds(ready, settings))
+    finally:
+        reset_dynamo()
+    base_first = first.get("vmap(transform)", (None, ""))[0]
+    base_steady = steady.get("vmap(transform)")
+    inductor = (first.get("inductor", (None, ""))[0], steady.get("inductor"))
+    table = []
+    for name in [*wraps, *(p for p in COMPILED_PATHS if p not in wraps)]:
+        seconds, note = first.get(name, (None, "n/a (Inductor: skipped in --quick)"))
+        note = note or (why if name == "vmap(transform)" else "")
+        table.append(
+            {
+                "path": name,
+                "steady_s": steady.get(name),
+                "first_call_s": seconds,
+                "break_even": (
+                    "(base)"
+                    if name == "vmap(transform)"
+                    else break_even(seconds, steady.get(name), base_first, base_steady)
+                ),
+                "steady/inductor": ratio(steady.get(name), inductor[1]),
+                "first/inductor": ratio(seconds, inductor[0]),
+                "note": note,
+            }
+        )
+    return table
+
+
+def break_even(
+    first: float | None, steady: float | None, base_first: float | None, base_steady: float | None
+) -> str:
+    """After how many calls a path with a dearer first call costs less in total than the base.
+
+    Example::
+
+        >>> break_even(first=10.0, steady=1e-5, base_first=0.1, base_steady=1e-4)
+        '110,002'
+    """
+    if None in (first, steady, base_first, base_steady):
+        return ""
+    assert first is not None and steady is not None  # for the type checker
+    assert base_first is not None and base_steady is not None
+    if first <= base_first:
+        return "1"
+    if steady >= base_steady:
+        return "never"
+    # Total for n calls: first + (n - 1) * steady; the base likewise.
+    calls = 1 + (first - base_first) / (base_steady - steady)
+    return f"{int(calls) + 1:,}"
+
+
 BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
     "vmap": (
         "1. vmap of push_jvp: loop / eager vmap / transform vs the rewritten graph",
@@ -456,6 +637,11 @@ BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
     "pass_cost": ("4. engine cost vs graph size", bench_pass_cost),
     "overhead": ("5. steady-state overhead of a cached transform call", bench_overhead),
     "compile": ("6. compile time: backend='fxviews' vs aot_eager", bench_compile),
+    "compiled": (
+        f"7. vmap(push_jvp) compiled vs vmap(transform), B={COMPILED_BATCH}: steady state, "
+        "first call, break-even",
+        bench_compiled,
+    ),
 }
 
 
@@ -470,6 +656,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fewer repeats, no 100k-node graph, no Inductor: under a minute",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every table to PATH as JSON")
+    parser.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="also write PNG charts of the tables to DIR (needs the extra fxviews[bench])",
+    )
     parser.add_argument(
         "--threads",
         type=positive_int,
@@ -486,7 +677,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmarks ``args`` select, print their tables, write JSON if asked.
 
-    Exit code 0; 1 if a measured path raised (its cell says why); 2 for unknown rows.
+    Exit code 0; 1 if a measured path raised (its cell says why); 2 for unknown rows, or for
+    ``--plot`` without matplotlib.
     """
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
@@ -494,6 +686,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"fxviews bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
         return 2
     settings = QUICK if args.quick else FULL
+    if args.plot:
+        try:
+            bench_plots.require_matplotlib()  # before minutes of measuring, not after
+        except ImportError as err:
+            print(f"fxviews bench: {err}")
+            return 2
     # Called in-process (tests, notebooks), the thread count must not leak out of the bench.
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -501,6 +699,9 @@ def run(args: argparse.Namespace) -> int:
         tables = run_rows(rows, settings, args.json)
     finally:
         torch.set_num_threads(threads_before)
+    if args.plot:
+        for path in bench_plots.write_charts(tables, args.plot):
+            print(f"wrote {path}")
     failures = failed_paths(tables)
     if failures:
         print("\nfxviews bench: measured paths failed:\n  " + "\n  ".join(failures))
@@ -518,7 +719,8 @@ def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> 
         "quick": settings is QUICK,
         "date": datetime.date.today().isoformat(),
     }
-    print("fxviews bench  " + "  ".join(f"{k}={v}" for k, v in meta.items()))
+    print(textwrap.fill("  ".join(f"{k}={v}" for k, v in meta.items()), 100,
+                        initial_indent="fxviews bench  ", subsequent_indent="  "))  # fmt: skip
     tables: dict[str, Table] = {}
     for row in rows:
         title, bench = BENCHES[row]
@@ -546,7 +748,38 @@ def render(table: Table) -> str:
 
     # Columns with nothing to say in any line (an empty note) are left out of the printout.
     keys = [k for k in table[0] if any(line[k] not in ("", None) for line in table)]
-    return tabulate([[cell(k, line[k]) for k in keys] for line in table], headers=keys)
+    headers = [header(k) for k in keys]
+    return tabulate([[cell(k, line[k]) for k in keys] for line in table], headers=headers)
+
+
+def header(key: str) -> str:
+    """A column's printed header: within ~100 columns a table of ten keeps its names whole.
+
+    Times carry their unit in each cell, so ``_s`` goes; a long ratio ``a/b`` is printed over two
+    lines, ``a/`` above ``b``.
+
+    Example::
+
+        >>> header("eager_vmap/graph")
+        'eager_vmap/\ngraph'
+    """
+    key = SHORT_HEADERS.get(key, key).removesuffix("_s")
+    if "/" in key and len(key) > 7 and "\n" not in key:
+        numerator, denominator = key.split("/", 1)
+        return f"{numerator}/\n{denominator}"
+    return key
+
+
+#: Printed names of row 1's columns (its JSON keys stay as they are).
+SHORT_HEADERS = {
+    "eager_vmap_s": "eager",
+    "graph_vmap_s": "graph",
+    "transform_vmap_s": "tf",
+    "vmap_floor_s": "floor",
+    "eager_vmap/graph": "eager/graph",
+    "transform/graph": "tf/graph",
+    "eager/tf_over_floor": "eager/tf\nover floor",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

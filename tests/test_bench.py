@@ -8,6 +8,7 @@ and its load, so no test ever asserts one.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -20,7 +21,9 @@ FAST_ROWS = ("vmap", "graph", "overhead")
 @pytest.fixture
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``--quick`` tinier still: one repeat, short loops, a 1k-node graph only."""
-    monkeypatch.setattr(bench, "QUICK", bench.Settings(1, 0.0, (8, 64), (1_000,), 1, False))
+    monkeypatch.setattr(
+        bench, "QUICK", bench.Settings(1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20)
+    )
 
 
 def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) -> None:
@@ -32,14 +35,15 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     positions = [printed.index(bench.BENCHES[row][0]) for row in bench.ROWS]
     assert positions == sorted(positions)
     for header in (
-        "loop/graph",
-        "eager_vmap/graph",
-        "rewritten/original",
-        "first_call_s",
+        "loop/",  # ratio headers print over two lines: "loop/" above "graph"
+        "eager/",
+        "rewritten/",
+        "first_call",
         "pass_us_per_node",
-        "pass/trace",
-        "tf/graph",
-        "fxviews/aot_eager",
+        "pass/",
+        "tf/",
+        "fxviews/",
+        "break_even",
     ):
         assert header in printed
 
@@ -52,12 +56,25 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     assert list(rows) == list(bench.ROWS)
     assert [line["B"] for line in rows["vmap"]] == [8, 64]
     assert {"loop_s", "eager_vmap_s", "graph_vmap_s", "transform_vmap_s"} <= set(rows["vmap"][0])
-    assert len(rows["graph"]) == 2 and len(rows["pass_cost"]) == 1
+    assert len(rows["graph"]) == 2
+    assert [line["graph"] for line in rows["pass_cost"]] == ["many_views", "dense_views"]
+    assert rows["pass_cost"][1]["as_strided"] == 20
     assert [line["path"] for line in rows["first_call"]][0] == "fxviews.transform"
     # Inductor is left out of --quick, and says so instead of printing a number.
     assert rows["first_call"][-1]["first_call_s"] is None
     assert "quick" in rows["first_call"][-1]["note"]
     assert len(rows["compile"]) == 2
+    # Row 7: the transform and the compiled paths that run without Inductor are measured, the
+    # Inductor ones say they were skipped; each compiled path that ran has a break-even.
+    compiled = {line["path"]: line for line in rows["compiled"]}
+    assert list(compiled) == ["vmap(transform)", "aot_eager", "fxviews (eager)", "inductor",
+                              "fxviews (inductor)"]  # fmt: skip
+    for path in ("vmap(transform)", "aot_eager", "fxviews (eager)"):
+        assert compiled[path]["steady_s"] > 0 and compiled[path]["first_call_s"] > 0
+    assert compiled["aot_eager"]["break_even"] not in ("", "(base)")
+    assert compiled["inductor"]["steady_s"] is None and "quick" in compiled["inductor"]["note"]
+    assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
+    assert printed.count("dynamo_pgo") == 0
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 
 
@@ -80,3 +97,36 @@ def test_a_measured_path_that_raises_fails_the_run(tiny, capsys, monkeypatch) ->
     printed = capsys.readouterr().out
     assert "measured paths failed" in printed
     assert "first_call: n/a (error: RuntimeError: backend exploded)" in printed
+
+
+def test_break_even_counts_the_calls_a_compile_needs_to_pay_for_itself() -> None:
+    # 10 s more up front, 90 us less per call: n - 1 > 10 / 90e-6 = 111,111.1 calls after the
+    # first, so the 111,113th call is the first with a lower total.
+    assert bench.break_even(10.1, 10e-6, 0.1, 100e-6) == "111,113"
+    assert bench.break_even(10.0, 100e-6, 0.1, 100e-6) == "never"  # no faster per call
+    assert bench.break_even(0.05, 200e-6, 0.1, 100e-6) == "1"  # cheaper from the first call
+    assert bench.break_even(None, 1e-6, 0.1, 1e-4) == ""
+
+
+def test_plot_writes_png_charts(tiny, tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "charts"
+    assert bench.main(["--quick", "--rows", "vmap,pass_cost", "--plot", str(out)]) == 0
+    charts = sorted(p.name for p in out.iterdir())
+    assert charts == ["pass_cost.png", "vmap.png"]
+    import matplotlib.image
+
+    for name in charts:
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        height, width, _ = matplotlib.image.imread(out / name).shape  # decodes: a valid PNG
+        assert height > 100 and width > 100
+    assert f"wrote {out / 'vmap.png'}" in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_names_the_extra(tiny, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises
+    assert bench.main(["--quick", "--rows", "vmap", "--plot", "charts"]) == 2
+    printed = capsys.readouterr().out
+    assert "fxviews[bench]" in printed
+    assert bench.BENCHES["vmap"][0] not in printed  # refused before measuring
