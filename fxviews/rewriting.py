@@ -100,13 +100,16 @@ def rewrite(
             f"got {type(gm).__name__}"
         )
     start = time.perf_counter()
-    # A new module over a copy of the graph: the caller's graph stays as it was, while
-    # parameters, buffers and tensor constants stay shared (gradients still reach them). The
-    # copy's code is generated once, after the rewrite: a lazy module generates none before.
-    own = LazyGraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
-    own.meta = dict(gm.meta)
-    result = _rewrite_steps(own, gm.code, strict, example_inputs, reshape_views, pin_layouts)
-    LazyGraphModule.force_recompile(own)  # the one code generation: a ready module, as before
+    # The steps rewrite a copy of the graph, in a lazy module that generates no code; the module
+    # returned is built over it once they are done: one copy and one code generation in all.
+    # The caller's graph stays as it was, while parameters, buffers and tensor constants stay
+    # shared (gradients still reach them).
+    work = LazyGraphModule(gm, copy.deepcopy(gm.graph))
+    work.meta = dict(gm.meta)
+    result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+    own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
+    own.meta = work.meta
+    result.graph_module = own
     result.seconds = time.perf_counter() - start
     return result
 
