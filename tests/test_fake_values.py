@@ -15,8 +15,9 @@ import pytest
 import torch
 from fxviews.passes import AsStridedToViews
 from fxviews.passes.as_strided_to_views import MADE_FOR
+from fxviews.passes.chain_emission import fake_view_value
+from fxviews.passes.op_tables import LAYOUT_VIEWS
 from fxviews.passes.torch_internals import FakeTensorMode, make_fx, pytree, storage_identity
-from fxviews.passes.view_chain import LAYOUT_VIEWS, fake_view_value
 
 import fxviews
 from tests.test_engine_differential import CASE_IDS, prepared

@@ -1,0 +1,93 @@
+"""Emission: an evaluator that turns a chain's steps into graph nodes with metadata.
+
+Example::
+
+    >>> emit = GraphEmitter(graph, like=as_strided_node)
+    >>> with graph.inserting_before(as_strided_node):
+    ...     out = apply_chain(chain, as_strided_node.args[0], emit)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .fake_modes import in_one_fake_mode
+from .op_tables import LAYOUT_VIEWS
+from .torch_internals import FakeTensor, OpOverload, no_dispatch
+
+
+def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
+    """``op(val, *args)`` for a layout view of a fake tensor, without a FakeTensorMode dispatch.
+
+    None where that cannot be exactly what the dispatch would give; the caller dispatches then.
+
+    Note [Fake values of emitted views]
+    -----------------------------------
+    A FakeTensorMode dispatch costs a fraction of a millisecond per op: on a graph with
+    thousands of emitted views, most of the pass. A fake tensor is a wrapper whose data is a meta
+    tensor, so with dispatch modes off the view op runs its own kernel on that meta tensor: the
+    result has the op's exact sizes, strides and offset, and shares the input's storage (the
+    storage identity alias checks compare). Wrapping it as a fake tensor of the input's mode and
+    device gives what the dispatch returns: same geometry, dtype, device, storage and mode.
+    Left to the dispatch: inputs that require grad (the dispatch returns a non-leaf with a
+    grad_fn), fake constants (the dispatch computes the op on the constant too), symbolic
+    geometry (the meta kernel would guard on it), and ops outside :data:`LAYOUT_VIEWS`.
+    tests/test_fake_values.py compares both values on the differential corpus.
+
+    Example::
+
+        >>> fake_view_value(aten.select.int, fake_8x8, 0, 1).stride()
+        (1,)
+    """
+    if not isinstance(op, OpOverload) or op not in LAYOUT_VIEWS:
+        return None
+    if type(val) is not FakeTensor or val.requires_grad or val.constant is not None:
+        return None
+    geometry = (*val.shape, *val.stride(), val.storage_offset())
+    if not all(type(v) is int for v in geometry) or not _is_static(args):
+        return None
+    with no_dispatch():
+        out = op(val, *args)
+    if isinstance(out, torch.Tensor):
+        return FakeTensor(val.fake_mode, out, val.device)
+    return [FakeTensor(val.fake_mode, t, val.device) for t in out]  # split-like views: a list
+
+
+def _is_static(args: Sequence[Any]) -> bool:
+    """Whether a view op's arguments (ints, int lists, None) hold no symbolic value or tensor."""
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            if not _is_static(arg):
+                return False
+        elif isinstance(arg, (torch.SymInt, torch.SymBool, torch.Tensor)):
+            return False
+    return True
+
+
+class GraphEmitter:
+    """An evaluator that inserts ``op(*args)`` as graph nodes, with ``meta['val']`` filled in.
+
+    Values for the new nodes are computed by running the op on the arguments' ``meta['val']``
+    (fake or real tensors), so downstream passes see correct metadata; layout views of fake
+    tensors take the cheaper, equal path of :func:`fake_view_value`.
+    """
+
+    def __init__(self, graph: torch.fx.Graph, like: torch.fx.Node) -> None:
+        self.graph = graph
+        self.like = like
+        self.created: list[torch.fx.Node] = []
+
+    def __call__(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(op, args, kwargs)
+        vals, kwvals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
+        val = None if kwargs or not vals else fake_view_value(op, *vals)
+        node.meta["val"] = op(*in_one_fake_mode(vals), **kwvals) if val is None else val
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in self.like.meta:
+                node.meta[key] = self.like.meta[key]
+        self.created.append(node)
+        return node
