@@ -33,8 +33,8 @@ from torch.export import ExportedProgram
 from fxviews.exporting import rewrite_exported
 from fxviews.passes import FxViewsError, Geometry
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.as_strided_calls import bind_as_strided
 from fxviews.passes.torch_internals import make_contiguous_strides_for
-from fxviews.passes.view_chain import bind_as_strided
 
 __all__ = ["export_onnx"]
 

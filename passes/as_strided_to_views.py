@@ -8,7 +8,7 @@ view ops that gives exactly that geometry *from that layout*; because view ops a
 logical dims, the chain then stays right when ``x`` arrives batched (vmap) or non-contiguous.
 
 Per as_strided node, in graph order, candidates are tried in this order and the first one that
-verifies wins (see ``view_chain.verify_chain``: the chain is run on a meta tensor with the
+verifies wins (see ``chain_verification.verify_chain``: the chain is run on a meta tensor with the
 input's exact geometry and must reproduce the target's geometry):
 
 1. identity    - the target equals the input's geometry: an ``alias``;
@@ -51,9 +51,14 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
+from .as_strided_calls import as_strided_op, bind_as_strided
+from .chain import ViewChain, apply_chain, describe_chain, eager
+from .chain_emission import GraphEmitter
+from .chain_verification import verify_chain
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, describe_call
+from .op_tables import METADATA_MUTATIONS
 from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
@@ -65,17 +70,6 @@ from .torch_internals import (
     PassResult,
     disable_current_modes,
     graph_pytree_info,
-)
-from .view_chain import (
-    METADATA_MUTATIONS,
-    GraphEmitter,
-    ViewChain,
-    apply_chain,
-    as_strided_op,
-    bind_as_strided,
-    describe_chain,
-    eager,
-    verify_chain,
 )
 
 aten = torch.ops.aten

@@ -24,8 +24,8 @@ import torch
 import torch.fx
 
 from .graph_edits import OutputDeferringReplacer
+from .op_tables import METADATA_MUTATIONS
 from .torch_internals import OpOverload, is_impure, op_schema
-from .view_chain import METADATA_MUTATIONS
 
 aten = torch.ops.aten
 

@@ -59,9 +59,12 @@ import torch
 import torch.fx
 
 from .aliasing import AliasAnalysis, is_opaque
+from .as_strided_calls import bind_as_strided
+from .chain_emission import GraphEmitter
 from .errors import FxViewsError
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, describe_call
+from .op_tables import AS_STRIDED_OPS
 from .records import Record, RecordingPass
 from .torch_internals import (
     PassResult,
@@ -76,7 +79,6 @@ from .torch_internals import (
     reshape_alias,
     unsafe_view,
 )
-from .view_chain import AS_STRIDED_OPS, GraphEmitter, bind_as_strided
 
 aten = torch.ops.aten
 

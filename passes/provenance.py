@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .chain import ViewChain, replayable_step
 from .geometry import Geometry
-from .view_chain import ViewChain, replayable_step
 
 #: How many view steps back from a view node the index looks for a base.
 MAX_DEPTH = 8

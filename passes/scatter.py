@@ -12,7 +12,7 @@ Autograd's AsStridedBackward/CopySlices leave this in traced graphs::
 The as_strided that restores the base's (dense, contiguous) geometry is an unflatten of the
 buffer. Every other as_strided on the same buffer is then read relative to that base view, so
 the user's own view op can be found by provenance (``select`` where synthesis on the flat buffer
-would say ``slice``). :func:`base_view_chains` gives those candidate chains; the pass verifies
+would say ``slice``). :func:`base_geometries` gives those candidate chains; the pass verifies
 them like any other.
 
 ``as_strided_scatter(self, src, ...)`` is functional: a copy of ``self`` with the view region
@@ -44,9 +44,10 @@ from typing import Any
 import torch
 import torch.fx
 
+from .as_strided_calls import as_strided_op, bind_as_strided
+from .chain import Evaluator, ViewChain, ViewStep
 from .geometry import Geometry
 from .torch_internals import make_contiguous_strides_for
-from .view_chain import Evaluator, ViewChain, ViewStep, as_strided_op, bind_as_strided
 
 aten = torch.ops.aten
 

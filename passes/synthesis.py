@@ -16,7 +16,7 @@ order that keeps every intermediate a plain view and touches no dim the target d
    dims at once);
 5. ``permute`` into target order, then ``unsqueeze`` size-1 dims and ``expand`` stride-0 dims.
 
-Every chain is verified on meta tensors before it is used (see ``view_chain.verify_chain``).
+Every chain is verified on meta tensors before it is used (see ``chain_verification.verify_chain``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from .chain import ViewChain, ViewStep
+from .chain_verification import verify_chain
 from .geometry import Embedding, Geometry, active_target_dims, embed, equivalent
-from .view_chain import ViewChain, ViewStep, verify_chain
 
 aten = torch.ops.aten
 

@@ -39,10 +39,10 @@ import torch
 import torch.fx
 
 from .aliasing import AliasAnalysis
+from .chain_emission import GraphEmitter
 from .graph_edits import OutputDeferringReplacer, describe_call
 from .records import Record, RecordingPass
 from .torch_internals import PassResult, reshape_alias, unsafe_view
-from .view_chain import GraphEmitter
 
 aten = torch.ops.aten
 

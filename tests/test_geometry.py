@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
+from fxviews.passes.chain import apply_chain, describe_chain
 from fxviews.passes.geometry import (
     Geometry,
     contains_address,
@@ -18,7 +19,6 @@ from fxviews.passes.geometry import (
     is_one_to_one,
 )
 from fxviews.passes.synthesis import synthesize
-from fxviews.passes.view_chain import apply_chain, describe_chain
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

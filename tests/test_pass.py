@@ -9,7 +9,7 @@ import pytest
 import torch
 from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
 from fxviews.passes.geometry import Geometry
-from fxviews.passes.view_chain import AS_STRIDED_OPS
+from fxviews.passes.op_tables import AS_STRIDED_OPS
 from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
@@ -553,7 +553,8 @@ def many_views(n: int):
 
 
 @pytest.mark.parametrize(
-    "where", ["fxviews.passes.view_chain.apply_chain", "fxviews.passes.as_strided_to_views._build"]
+    "where",
+    ["fxviews.passes.chain_verification.apply_chain", "fxviews.passes.as_strided_to_views._build"],
 )
 def test_a_bug_in_a_candidate_surfaces_instead_of_becoming_a_kept_record(
     monkeypatch: pytest.MonkeyPatch, where: str
