@@ -21,11 +21,11 @@ buffer and user-input mutations). The rewrite keeps that contract:
    state dict, constants, range constraints, module call graph and verifiers; its constructor
    validates it. The caller's program is never modified.
 
-Dynamic dims: the engine rewrites only nodes whose geometry is concrete (plain ints), and the
-ops it emits take values computed from those geometries or copied from view nodes with
-constant arguments. Under export's shape environment a concrete geometry is the same for every
-value the dims can take, so nothing emitted bakes a size a dynamic dim controls; nodes with a
-symbolic geometry are kept with that reason (``strict=True`` raises).
+Dynamic dims: a node whose geometry is symbolic is rewritten only with a chain the engine
+proves for every value the dims can take (export's shape environment, its ranges and guards),
+and the ops it emits take plain ints (constants, positions counted from a dim's end, ``-1``),
+so nothing emitted bakes a size a dynamic dim controls. Other symbolic nodes are kept with the
+reason (``strict=True`` raises).
 """
 
 from __future__ import annotations

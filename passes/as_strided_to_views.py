@@ -40,13 +40,15 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import sympy
 import torch
 import torch.fx
 
@@ -62,6 +64,14 @@ from .op_tables import METADATA_MUTATIONS
 from .provenance import ViewIndex, node_geometry
 from .records import Record
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
+from .symbolic_geometry import (
+    ShapeFacts,
+    SymbolicGeometry,
+    Unproven,
+    equivalent_symbolic,
+)
+from .symbolic_synthesis import synthesize_symbolic
+from .symbolic_verification import apply_symbolic, verify_symbolic_chain
 from .synthesis import synthesize
 from .torch_internals import (
     FakeTensorMode,
@@ -87,8 +97,21 @@ class _GraphContext:
 
 
 @dataclass(frozen=True)
+class _Symbolic:
+    """The geometries of a call whose sizes are symbolic, and what the ShapeEnv knows."""
+
+    facts: ShapeFacts
+    source: SymbolicGeometry
+    target: SymbolicGeometry
+
+
+@dataclass(frozen=True)
 class _Call:
-    """An as_strided-family node, its parsed arguments and geometries."""
+    """An as_strided-family node, its parsed arguments and geometries.
+
+    With symbolic shapes, ``symbolic`` holds the geometries for every size, and
+    ``source_geometry``/``target`` are those at the trace-time sizes (the hints).
+    """
 
     node: torch.fx.Node
     op: OpOverload  # the aten op, however the node spells it
@@ -96,12 +119,20 @@ class _Call:
     src: torch.fx.Node | None  # the values scattered, for as_strided_scatter
     source_geometry: Geometry
     target: Geometry
+    symbolic: _Symbolic | None = None
 
     def describe(self) -> str:
         src = [] if self.src is None else [self.src]
-        t = self.target
+        t = self.target if self.symbolic is None else self.symbolic.target
         args = [self.source, *src, list(t.sizes), list(t.strides), t.offset]
         return describe_call(self.op, args)
+
+    def verifies(self, chain: ViewChain) -> bool:
+        """Whether ``chain`` gives the target from the input, at every size if symbolic."""
+        if self.symbolic is None:
+            return verify_chain(chain, self.source_geometry, self.target)
+        sym = self.symbolic
+        return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
 
 class AsStridedToViews(PassBase):
@@ -157,9 +188,10 @@ class AsStridedToViews(PassBase):
         graph = graph_module.graph
         nodes = [n for n in graph.nodes if _is_as_strided(n)]
         _ensure_metadata(graph_module, nodes, self.example_inputs)
+        facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
         context = _GraphContext(
             graph=graph,
-            index=ViewIndex(graph),
+            index=ViewIndex(graph, facts),
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
         )
@@ -177,12 +209,20 @@ class AsStridedToViews(PassBase):
         return modified
 
     def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
-        call, problem = _parse(node)
+        call, problem = _parse(node, context.index.facts)
         if call is None:
-            name = as_strided_op(node).__name__.split(".")[0]
+            op = as_strided_op(node)
+            assert op is not None, "only as_strided-family nodes are rewritten"
+            name = op.__name__.split(".")[0]
             arguments = ", ".join(map(str, (*node.args, *node.kwargs.values())))
             return Record(node.name, f"{name}({arguments})", "", "kept", problem)
         graph, position = context.graph, context.position
+        if call.symbolic is not None and call.op in _STATIC_ONLY:
+            return _kept(
+                call,
+                f"{call.op.__name__.split('.')[0]} with symbolic sizes is not rewritten "
+                "(only as_strided and as_strided_copy are, for every size)",
+            )
         if call.op is aten.as_strided_.default:
             later = [u for u in call.source.users if position[u] > position[node]]
             if later:
@@ -210,7 +250,7 @@ class AsStridedToViews(PassBase):
                 "its trace-time layout is ambiguous",
             )
         for method, chain in _candidates(call, context.index):
-            if not verify_chain(chain, call.source_geometry, call.target):
+            if not call.verifies(chain):
                 continue
             emitted = _emit(graph, call, chain)
             if emitted is None:
@@ -314,7 +354,7 @@ def _ensure_metadata(
     A value with symbolic sizes is metadata too: such nodes are kept later, with that reason.
     """
 
-    def missing() -> torch.fx.Node | None:
+    def missing() -> object:
         return next((n.args[0] for n in nodes if not _has_tensor_value(n.args[0])), None)
 
     node = missing()
@@ -366,21 +406,46 @@ def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
     return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
 
 
-def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
+def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None, str]:
     kwargs = bind_as_strided(node)
     source, src = kwargs["self"], kwargs.get("src")
+    op = as_strided_op(node)
+    assert op is not None
     source_geometry = node_geometry(source)
-    if source_geometry is None:
-        return None, "the input's trace-time layout is symbolic (dynamic shapes) or not strided"
     sizes, strides, offset = requested_geometry(node)
-    if not all(type(v) is int for v in (*sizes, *strides, offset)):
-        return None, "symbolic sizes, strides or offset"
-    target = Geometry(sizes, strides, offset)
-    return _Call(node, as_strided_op(node), source, src, source_geometry, target), ""
+    values = (*sizes, *strides, offset)
+    if source_geometry is not None and all(type(v) is int for v in values):
+        ints = cast(tuple[int, ...], values)
+        target = Geometry(ints[: len(sizes)], ints[len(sizes) : -1], ints[-1])
+        return _Call(node, op, source, src, source_geometry, target), ""
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if facts is None or not isinstance(val, torch.Tensor):
+        return None, "the input's trace-time layout is not strided, or its sizes are unknown"
+    try:
+        sym_source = SymbolicGeometry.of(val, facts)
+        sym_offset = sym_source.offset if offset is None else offset
+        sym_target = SymbolicGeometry.from_values(sizes, strides, sym_offset, facts)
+    except (Unproven, RuntimeError) as err:  # RuntimeError: a layout without strides
+        return None, f"the geometry cannot be read as sizes of the graph's shape environment: {err}"
+    hint_source, hint_target = (g.at(facts.hints) for g in (sym_source, sym_target))
+    if hint_source is None or hint_target is None:
+        return None, "symbolic geometry whose symbols have no trace-time values"
+    if sym_source.is_static() and sym_target.is_static():
+        # SymInts pinned by guards (Eq(s26, 9)) are ints.
+        return _Call(node, op, source, src, hint_source, hint_target), ""
+    symbolic = _Symbolic(facts, sym_source, sym_target)
+    return _Call(node, op, source, src, hint_source, hint_target, symbolic), ""
+
+
+#: Variants rewritten only for static shapes.
+_STATIC_ONLY = (aten.as_strided_.default, aten.as_strided_scatter.default)
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
     """Candidate chains, best first; each is verified by the caller. Lazily computed."""
+    if call.symbolic is not None:
+        yield from _symbolic_candidates(call.symbolic, index)
+        return
     source, target = call.source_geometry, call.target
     if equivalent(source, target):
         yield "identity", ()
@@ -392,6 +457,18 @@ def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]
         if relative is not None:
             yield "scatter", (base_view_step(base), *relative)
     chain = synthesize(source, target)
+    if chain is not None:
+        yield "synthesized", chain
+
+
+def _symbolic_candidates(sym: _Symbolic, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
+    """Candidates for every size: the input itself, the graph's own chain, a synthesized one."""
+    if equivalent_symbolic(sym.source, sym.target, sym.facts):
+        yield "identity", ()
+    chain = index.lookup_symbolic(sym.source, sym.target)
+    if chain is not None:
+        yield "provenance", chain
+    chain = synthesize_symbolic(sym.source, sym.target, sym.facts)
     if chain is not None:
         yield "synthesized", chain
 
@@ -409,12 +486,16 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
             return None
         described = f"scatter into {described}"
     if op is aten.as_strided_copy.default:
-        if not call.node.meta["val"].is_contiguous():
+        if not _output_is_contiguous(call):
             return None
         described = f"clone({described})"
     emitter = GraphEmitter(graph, call.node)
     try:
-        with graph.inserting_before(call.node):
+        # The new nodes' fake values may ask the ShapeEnv what the proof already settled; the
+        # graph's ShapeEnv is the caller's, and it gets no guard from us. Their metadata is
+        # then checked against the node's for every size (_same_metadata).
+        quiet = contextlib.nullcontext() if call.symbolic is None else call.symbolic.facts.quiet()
+        with graph.inserting_before(call.node), quiet:
             out = _build(emitter, call, chain)
     except RuntimeError as err:  # a verified chain whose nodes' fake metadata cannot be computed
         log.debug("%s: dropped candidate %s: %s", call.node.name, described, err)
@@ -422,14 +503,11 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         return None
     # Later nodes read the replacement's metadata as the layout they were traced against: it
     # must be the node's own, whatever the fake kernels computed.
-    emitted, original = node_geometry(out), node_geometry(call.node)
-    if emitted is None or original is None or not equivalent(emitted, original):
+    if not _same_metadata(call, out):
         log.debug(
-            "%s: dropped candidate %s: its metadata says %s, the node's %s",
+            "%s: dropped candidate %s: its metadata differs from the node's",
             call.node.name,
             described,
-            emitted,
-            original,
         )
         _erase_dead(graph, emitter.created)
         return None
@@ -438,6 +516,34 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         if made is out or made.users:  # not erased: later steps must not take it for the user's
             made.meta[MADE_FOR] = call.node.name
     return described, out
+
+
+def _output_is_contiguous(call: _Call) -> bool:
+    val = call.node.meta["val"]
+    if call.symbolic is None:
+        return bool(val.is_contiguous())
+    facts = call.symbolic.facts
+    out = SymbolicGeometry.of(val, facts)
+    expected = sympy.Integer(1)
+    for size, stride in reversed(list(zip(out.sizes, out.strides, strict=True))):
+        if not (facts.equal(size, 1) or facts.equal(stride, expected)):
+            return False
+        expected = expected * size
+    return True
+
+
+def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
+    """Whether the replacement's recorded layout is the node's own (for every size)."""
+    if call.symbolic is None:
+        emitted, original = node_geometry(out), node_geometry(call.node)
+        return emitted is not None and original is not None and equivalent(emitted, original)
+    facts = call.symbolic.facts
+    try:
+        made = SymbolicGeometry.of(out.meta["val"], facts)
+        recorded = SymbolicGeometry.of(call.node.meta["val"], facts)
+    except Unproven:
+        return False
+    return equivalent_symbolic(made, recorded, facts)
 
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
@@ -487,6 +593,8 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
 
 
 def _why_kept(call: _Call) -> str:
+    if call.symbolic is not None:
+        return _why_kept_symbolic(call, call.symbolic)
     if call.op is aten.as_strided_scatter.default:
         chain = synthesize(call.source_geometry, call.target)
         if chain is not None:
@@ -506,4 +614,24 @@ def _why_kept(call: _Call) -> str:
     return (
         f"no chain of view ops gives this geometry from its input ({call.source_geometry}); "
         "it may be safe but has no view form"
+    )
+
+
+def _why_kept_symbolic(call: _Call, sym: _Symbolic) -> str:
+    """Why no chain holds for every size: the step the proof fails at, or the hint's reason."""
+    at_hint = synthesize(call.source_geometry, call.target)
+    if at_hint is None:
+        static = dataclasses.replace(call, symbolic=None)
+        return f"at the trace-time sizes: {_why_kept(static)}"
+    generalized = synthesize_symbolic(sym.source, sym.target, sym.facts)
+    chain = at_hint if generalized is None else generalized
+    try:
+        apply_symbolic(chain, sym.source, sym.facts)
+        failure = "its result is not proven equal to the target for every size"
+    except Unproven as err:
+        failure = str(err)
+    return (
+        f"symbolic geometry (input {sym.source}): {describe_chain(at_hint, call.source.name)} "
+        f"gives it at the trace-time sizes, but no view chain is proven to for every size the "
+        f"symbols may take ({failure})"
     )

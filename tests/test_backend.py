@@ -228,8 +228,8 @@ def test_strict_option_raises_on_unsafe_as_strided():
 
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_dynamic_shapes_compile_and_match_eager(dynamic):
-    # dynamic=None recompiles with symbolic shapes on the second size, as users meet it.
-    # Symbolic geometry cannot be verified, so such nodes may be kept; results stay right.
+    # dynamic=None recompiles with symbolic shapes on the second size, as users meet it
+    # (tests/test_symbolic.py counts what reaches the inner compiler).
     case = CASES["forward_user_as_strided"]
     compiled = torch.compile(case.fn, backend="fxviews", dynamic=dynamic)
     for n in (10, 13, 16):

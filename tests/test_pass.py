@@ -257,20 +257,6 @@ def test_graph_without_metadata_needs_example_inputs() -> None:
         fxviews.rewrite(gm, example_inputs=[])  # inputs that do not fit the graph
 
 
-def test_symbolic_shapes_are_kept_with_reason() -> None:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def f(x):
-        return x.as_strided((x.numel() - 2, 3), (1, 1)).sum(-1)
-
-    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(10))
-    res = fxviews.rewrite(gm)
-    [record] = res.records
-    assert record.method == "kept" and "symbolic" in record.reason
-    x = torch.randn(12)
-    torch.testing.assert_close(res.graph_module(x), f(x))
-
-
 def test_symbolic_trace_module_with_parameter_and_torch_level_as_strided() -> None:
     class Diagonal(torch.nn.Module):
         def __init__(self) -> None:
