@@ -69,6 +69,7 @@ from .symbolic_geometry import (
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
+    is_one_to_one_symbolic,
 )
 from .symbolic_synthesis import synthesize_symbolic
 from .symbolic_verification import apply_symbolic, verify_symbolic_chain
@@ -438,7 +439,7 @@ def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None,
 
 
 #: Variants rewritten only for static shapes.
-_STATIC_ONLY = (aten.as_strided_.default, aten.as_strided_scatter.default)
+_STATIC_ONLY = (aten.as_strided_.default,)
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
@@ -534,10 +535,13 @@ def _output_is_contiguous(call: _Call) -> bool:
 
 def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
     """Whether the replacement's recorded layout is the node's own (for every size)."""
-    if call.symbolic is None:
-        emitted, original = node_geometry(out), node_geometry(call.node)
-        return emitted is not None and original is not None and equivalent(emitted, original)
-    facts = call.symbolic.facts
+    emitted, original = node_geometry(out), node_geometry(call.node)
+    if emitted is not None and original is not None:
+        return equivalent(emitted, original)
+    # Symbolic metadata, or SymInts a guard pinned (a static call in a dynamic graph).
+    facts = call.symbolic.facts if call.symbolic is not None else ShapeFacts.of([out, call.node])
+    if facts is None:
+        return False
     try:
         made = SymbolicGeometry.of(out.meta["val"], facts)
         recorded = SymbolicGeometry.of(call.node.meta["val"], facts)
@@ -578,6 +582,8 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
     """
     src_geometry = node_geometry(call.src)
     written = node_geometry(call.node)
+    if call.symbolic is not None:
+        return _symbolic_scatter_matches(call, call.symbolic, chain)
     if src_geometry is None or written is None or not is_one_to_one(written):
         return False
     if not verify_chain(chain, written, call.target):
@@ -590,6 +596,43 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
         return False
     # Offset included: a later as_strided of the result reads relative to its exact layout.
     return equivalent(Geometry.of(out), written)
+
+
+#: Steps of a region chain whose scatter form needs no size: the nested ``*_scatter`` ops and
+#: the permutations that undo themselves (``view`` would need the base's symbolic sizes).
+_SYMBOLIC_SCATTER_STEPS = frozenset(
+    {
+        aten.select.int,
+        aten.slice.Tensor,
+        aten.diagonal.default,
+        aten.permute.default,
+        aten.t.default,
+        aten.transpose.int,
+        aten.alias.default,
+    }
+)
+
+
+def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> bool:
+    """:func:`_scatter_matches` for every size: the output layout is proven one-to-one, the
+    chain proven to select the target from it, and ``src`` proven to have the target's sizes.
+    That the scatter form gives the node's output layout is checked on the emitted nodes'
+    metadata, for every size (:func:`_same_metadata`)."""
+    if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
+        return False
+    facts = sym.facts
+    try:
+        written = SymbolicGeometry.of(call.node.meta["val"], facts)
+        src = SymbolicGeometry.of(call.src.meta["val"], facts)
+    except (Unproven, KeyError, AttributeError):  # no fake value, or another ShapeEnv's
+        return False
+    if not is_one_to_one_symbolic(written, facts):
+        return False
+    if not verify_symbolic_chain(chain, written, sym.target, facts):
+        return False
+    return src.ndim == sym.target.ndim and all(
+        facts.equal(a, b) for a, b in zip(src.sizes, sym.target.sizes, strict=True)
+    )
 
 
 def _why_kept(call: _Call) -> str:

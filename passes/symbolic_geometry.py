@@ -154,8 +154,27 @@ class ShapeFacts:
                 return sympy.Integer(constant)
             if value.node.shape_env is self.shape_env:
                 # simplify applies the guards' replacements: Eq(s26, 9) makes s26 the integer 9.
-                return sympy.sympify(sympy.expand(self.shape_env.simplify(value.node.expr)))
+                expr = sympy.sympify(sympy.expand(self.shape_env.simplify(value.node.expr)))
+                return self._settle_extrema(expr)
         raise Unproven(f"{value!r} is not a size of this graph's shape environment")
+
+    def _settle_extrema(self, expr: Expr) -> Expr:
+        """``Max``/``Min`` replaced by the argument proven largest/smallest for every size.
+
+        Flat gradient buffers have ``Max(6, 6*s0)`` elements; with ``s0 >= 2`` that is ``6*s0``.
+        """
+
+        def is_extremum(e: Any) -> bool:
+            return getattr(e.func, "__name__", "") in ("Max", "Min") and len(e.args) > 1
+
+        def settle(e: Any) -> Any:
+            order = sympy.Ge if e.func.__name__ == "Max" else sympy.Le
+            for a in e.args:
+                if all(self.proves(order(a, b)) for b in e.args if b is not a):
+                    return a
+            return e
+
+        return expr.replace(is_extremum, settle)
 
     def proves(self, relation: Any) -> bool:
         """Whether ``relation`` (sympy) holds for every value the symbols may take."""
@@ -224,6 +243,32 @@ def equivalent_symbolic(a: SymbolicGeometry, b: SymbolicGeometry, facts: ShapeFa
     return facts.equal(a.offset, b.offset)
 
 
+def is_one_to_one_symbolic(geometry: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """:func:`~.geometry.is_one_to_one` for every size: in the order of the strides' trace-time
+    values, each walking dim's stride is proven to exceed the furthest address the dims before
+    it reach. The order is only a candidate; the inequalities are what is proven.
+
+    Example::
+
+        >>> is_one_to_one_symbolic(SymbolicGeometry((s0, 3), (3, 1), 0), facts)
+        True
+    """
+    walking = []
+    for size, stride in zip(geometry.sizes, geometry.strides, strict=True):
+        if facts.equal(size, 1):
+            continue
+        hint = sympy.sympify(stride.xreplace(facts.hints))
+        if not hint.is_Integer:
+            return False
+        walking.append((int(hint), stride, size))
+    reach: Expr = sympy.Integer(0)
+    for _, stride, size in sorted(walking, key=lambda item: item[0]):
+        if not facts.proves(sympy.Gt(stride, reach)):
+            return False
+        reach = reach + (size - 1) * stride
+    return True
+
+
 def _ints_of(value: Any) -> list[Any]:
     if isinstance(value, torch.Tensor):
         return [*value.shape, *value.stride(), value.storage_offset()]
@@ -256,6 +301,8 @@ def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:
             continue
         [symbol] = relation.free_symbols
         side, strict = _lower_side(relation)
+        if not sympy.expand(side).is_polynomial(symbol):  # Max(...), FloorDiv(...)
+            continue
         poly = sympy.Poly(sympy.expand(side), symbol)
         if poly.degree() != 1 or not all(c.is_Integer for c in poly.all_coeffs()):
             continue

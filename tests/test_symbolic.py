@@ -17,6 +17,7 @@ from fxviews.examples import push_jvp
 from tests.test_backend import (
     Recorder,
     as_strided_count,
+    jvp_loss,
     run,
     sliding_windows,
     transposed_window_loss,
@@ -147,6 +148,20 @@ def sliding_window_loss(x):
     return (windows_of_windows(x) ** 2).sum()
 
 
+def trained(fn):
+    """``fn`` as a loss: its backward scatters gradients through the as_strided."""
+
+    def loss(x):  # one named argument: Dynamo's automatic dynamic does not track *args
+        return (fn(x) ** 2).sum()
+
+    loss.__name__ = f"{fn.__name__}_loss"
+    return loss
+
+
+def grad_inputs(args):
+    return tuple(a.requires_grad_() for a in args)
+
+
 #: name: (function, inputs of size n, trained). Each keeps no as_strided with static shapes.
 COMPILED = {
     "window": (sliding_windows, lambda n: (torch.randn(n),), False),
@@ -155,6 +170,11 @@ COMPILED = {
     "superdiagonal": (superdiagonal, lambda n: (torch.randn(n),), False),
     "all_but_first_rows": (all_but_first_rows, lambda n: (torch.randn(n, n + 2),), False),
     "transposed_corner": (transposed_corner, lambda n: (torch.randn(n, n + 1),), False),
+}
+#: The same functions as losses, trained: name: (loss, inputs of size n).
+TRAINED = {
+    f"{name}_trained": (trained(fn), lambda n, make=make: grad_inputs(make(n)))
+    for name, (fn, make, _) in COMPILED.items()
 }
 COMPILE_SIZES = (6, 8, 11, 15)
 
@@ -176,7 +196,6 @@ def test_automatic_dynamic_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
     counts = compile_and_run(fn, make, training, dynamic=None)
     # A static graph for the first size, then one symbolic graph for every later size.
-    assert len(counts) == 2, counts
     assert counts == [0, 0]
 
 
@@ -184,6 +203,27 @@ def test_automatic_dynamic_rewrites_what_static_shapes_rewrite(name):
 def test_dynamic_true_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
     assert compile_and_run(fn, make, training, dynamic=True) == [0]
+
+
+@pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_trained_losses_match_eager_and_forward_graphs_are_rewritten(name, dynamic):
+    fn, make = TRAINED[name]
+    counts = compile_and_run(fn, make, True, dynamic=dynamic)
+    forward_counts = counts[0::2]  # AOTAutograd compiles forward, then backward
+    assert forward_counts and all(c == 0 for c in forward_counts), counts
+
+
+def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_strided():
+    # Forward AD's tangent views and the backward's scatter buffers of ``jvp_loss``: the rows
+    # of every input follow the size; each graph is rewritten for every size.
+    def rows(n, requires_grad=False):
+        return tuple(torch.randn(n, 6, requires_grad=requires_grad) for _ in range(3))
+
+    assert compile_and_run(push_jvp, rows, False, dynamic=None) == [0, 0]
+    reset_dynamo()
+    counts = compile_and_run(jvp_loss, lambda n: rows(n, True), True, dynamic=None)
+    assert counts == [0, 0, 0, 0]
 
 
 def test_a_window_past_the_smallest_input_is_kept_and_right():
