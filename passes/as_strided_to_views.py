@@ -63,7 +63,14 @@ from .graph_edits import OutputDeferringReplacer, describe_call
 from .op_tables import METADATA_MUTATIONS
 from .provenance import ViewIndex, node_geometry
 from .records import Record
-from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
+from .scatter import (
+    base_geometries,
+    base_view_step,
+    build_scatter,
+    has_scatter_form,
+    symbolic_base_geometries,
+    symbolic_base_view_step,
+)
 from .symbolic_geometry import (
     ShapeFacts,
     SymbolicGeometry,
@@ -190,6 +197,8 @@ class AsStridedToViews(PassBase):
         nodes = [n for n in graph.nodes if _is_as_strided(n)]
         _ensure_metadata(graph_module, nodes, self.example_inputs)
         facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
+        if facts is not None:
+            facts.bind_size_inputs(graph)
         context = _GraphContext(
             graph=graph,
             index=ViewIndex(graph, facts),
@@ -445,7 +454,7 @@ _STATIC_ONLY = (aten.as_strided_.default,)
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
     """Candidate chains, best first; each is verified by the caller. Lazily computed."""
     if call.symbolic is not None:
-        yield from _symbolic_candidates(call.symbolic, index)
+        yield from _symbolic_candidates(call, call.symbolic, index)
         return
     source, target = call.source_geometry, call.target
     if equivalent(source, target):
@@ -462,13 +471,23 @@ def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]
         yield "synthesized", chain
 
 
-def _symbolic_candidates(sym: _Symbolic, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
-    """Candidates for every size: the input itself, the graph's own chain, a synthesized one."""
+def _symbolic_candidates(
+    call: _Call, sym: _Symbolic, index: ViewIndex
+) -> Iterator[tuple[str, ViewChain]]:
+    """Candidates for every size: the input itself, the graph's own chain, one relative to
+    the dense base of a flat buffer, a synthesized one."""
     if equivalent_symbolic(sym.source, sym.target, sym.facts):
         yield "identity", ()
     chain = index.lookup_symbolic(sym.source, sym.target)
     if chain is not None:
         yield "provenance", chain
+    for base in symbolic_base_geometries(call.source, sym.source, sym.facts):
+        step = symbolic_base_view_step(base, sym.facts)
+        relative = index.lookup_symbolic(base, sym.target) or synthesize_symbolic(
+            base, sym.target, sym.facts
+        )
+        if step is not None and relative is not None:
+            yield "scatter", (step, *relative)
     chain = synthesize_symbolic(sym.source, sym.target, sym.facts)
     if chain is not None:
         yield "synthesized", chain
@@ -609,6 +628,7 @@ _SYMBOLIC_SCATTER_STEPS = frozenset(
         aten.t.default,
         aten.transpose.int,
         aten.alias.default,
+        aten.view.default,  # only to unflatten a 1-D buffer: undone by view(..., [-1])
     }
 )
 
@@ -621,6 +641,8 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
         return False
     facts = sym.facts
+    if not _views_unflatten_flat_buffers(chain, sym.source, facts):
+        return False
     try:
         written = SymbolicGeometry.of(call.node.meta["val"], facts)
         src = SymbolicGeometry.of(call.src.meta["val"], facts)
@@ -633,6 +655,22 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     return src.ndim == sym.target.ndim and all(
         facts.equal(a, b) for a, b in zip(src.sizes, sym.target.sizes, strict=True)
     )
+
+
+def _views_unflatten_flat_buffers(
+    chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts
+) -> bool:
+    """Whether every ``view`` in ``chain`` applies to a 1-D tensor: the scatter form undoes
+    it with ``view(..., [-1])``, which needs no symbolic size."""
+    geometry = source
+    for step in chain:
+        if step.op is aten.view.default and geometry.ndim != 1:
+            return False
+        try:
+            geometry = apply_symbolic((step,), geometry, facts)
+        except Unproven:
+            return False
+    return True
 
 
 def _why_kept(call: _Call) -> str:

@@ -125,6 +125,23 @@ class ShapeFacts:
         self.hints: dict[sympy.Symbol, int] = {
             s: int(v) for s, v in internals.symbol_hints(shape_env).items()
         }
+        #: Graph inputs that are sizes themselves (AOTAutograd passes each symbol as an int
+        #: argument), by symbol: a chain may take a size from them. See bind_size_inputs.
+        self.size_inputs: dict[sympy.Symbol, torch.fx.Node] = {}
+
+    def bind_size_inputs(self, graph: torch.fx.Graph) -> None:
+        """Record the graph's inputs whose value is one symbol.
+
+        They are plain ints when the graph runs, so a view op reading one needs no
+        ``sym_size`` of a tensor (which vmap cannot batch). make_fx and export graphs read
+        sizes from tensors instead, and have none.
+        """
+        for node in graph.find_nodes(op="placeholder"):
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt) and val.node.shape_env is self.shape_env:
+                expr = self.expression(val)
+                if isinstance(expr, sympy.Symbol):
+                    self.size_inputs.setdefault(expr, node)
 
     @classmethod
     def of(cls, values: Iterable[Any]) -> ShapeFacts | None:

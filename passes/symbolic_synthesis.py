@@ -76,9 +76,17 @@ def synthesize_symbolic(
         forms.append(_argument_forms(chain, at_source))
     if len({len(f) for f in forms}) != 1:
         return None
+
+    def size_input(values: list[Any]) -> torch.fx.Node | None:
+        """A graph input holding a size equal to ``values`` at every point, if any."""
+        for symbol, node in facts.size_inputs.items():
+            if all(point.get(symbol) == v for point, v in zip(points, values, strict=True)):
+                return node
+        return None
+
     steps = []
     for per_point in zip(*forms, strict=True):
-        step = _common_step(per_point)
+        step = _common_step(per_point, size_input)
         if step is None:
             return None
         steps.append(step)
@@ -116,7 +124,10 @@ def _normalized(index: int, size: int) -> int:
     return min(max(index, 0), size)
 
 
-def _common_step(per_point: tuple[tuple[Any, ...], ...]) -> ViewStep | None:
+def _common_step(
+    per_point: tuple[tuple[Any, ...], ...],
+    size_input: Callable[[list[Any]], torch.fx.Node | None],
+) -> ViewStep | None:
     """The step whose every argument has the same form at every point, or None."""
     ops = {op for op, _, _ in per_point}
     if len(ops) != 1 or len({len(args) for _, args, _ in per_point}) != 1:
@@ -127,7 +138,7 @@ def _common_step(per_point: tuple[tuple[Any, ...], ...]) -> ViewStep | None:
         values = [a[position] for _, a, _ in per_point]
         relatives = [r[position] for _, _, r in per_point]
         if op in _SIZE_LISTS and position == 0:
-            sizes = _common_sizes(values)
+            sizes = _common_sizes(values, size_input)
             if sizes is None:
                 return None
             args.append(sizes)
@@ -136,15 +147,25 @@ def _common_step(per_point: tuple[tuple[Any, ...], ...]) -> ViewStep | None:
         elif relatives[0] is not None and all(r == relatives[0] for r in relatives):
             args.append(None if relatives[0] is _END else relatives[0])
         else:
-            return None
+            node = size_input(values)
+            if node is None:
+                return None
+            args.append(node)
     return ViewStep(op, tuple(args))
 
 
-def _common_sizes(values: list[Any]) -> list[int] | None:
-    """A size list whose sizes are constant except one, which becomes -1; else None."""
+def _common_sizes(
+    values: list[Any], size_input: Callable[[list[Any]], torch.fx.Node | None]
+) -> list[Any] | None:
+    """A size list for every point: constant sizes, then a graph input holding the size, and
+    ``-1`` for at most one size left; else None."""
     if len({len(v) for v in values}) != 1:
         return None
-    sizes = []
+    sizes: list[Any] = []
     for column in zip(*values, strict=True):
-        sizes.append(column[0] if all(c == column[0] for c in column) else -1)
+        if all(c == column[0] for c in column):
+            sizes.append(column[0])
+        else:
+            node = size_input(list(column))
+            sizes.append(-1 if node is None else node)
     return sizes if sizes.count(-1) <= 1 else None

@@ -71,7 +71,10 @@ class _View:
         return d % max(n, 1)
 
     def index(self, i: Any, size: Expr) -> Expr:
-        """A start/end/index argument as PyTorch reads it: negative counts from the end."""
+        """A start/end/index argument as PyTorch reads it: negative counts from the end; a
+        graph input holding a size stands for its symbol."""
+        if isinstance(i, torch.fx.Node):
+            return self.facts.expression(i)
         if not isinstance(i, int) or isinstance(i, bool):
             raise Unproven(f"argument {i!r} is not an int")
         return size + i if i < 0 else sympy.Integer(i)
@@ -226,22 +229,42 @@ def _squeeze(v: _View, dims: Any = None) -> None:
 
 
 def _view(v: _View, sizes: Any) -> None:
-    new: list[Any] = list(sizes)
-    if not all(isinstance(s, int) and s >= -1 for s in new) or new.count(-1) > 1:
+    new: list[Any] = [v.facts.expression(s) if isinstance(s, torch.fx.Node) else s for s in sizes]
+    if not all(isinstance(s, sympy.Expr) or (isinstance(s, int) and s >= -1) for s in new):
+        raise Unproven(f"view sizes {sizes!r}")
+    if new.count(-1) > 1:
         raise Unproven(f"view sizes {sizes!r}")
     numel = sympy.Mul(*v.sizes)
     if -1 in new:
-        known = sympy.Mul(*(s for s in new if s != -1))
+        known = sympy.Mul(*(s for s in new if not _is_inferred(s)))
         inferred = sympy.cancel(numel / known)
-        if known == 0 or sympy.fraction(inferred)[1] != 1:
+        if not v.facts.proves(sympy.Ge(known, 1)) or sympy.fraction(inferred)[1] != 1:
             raise Unproven("view's -1 is not a whole size for every size")
-        shape = [inferred if s == -1 else sympy.Integer(s) for s in new]
+        shape = [inferred if _is_inferred(s) else sympy.sympify(s) for s in new]
     else:
-        shape = [sympy.Integer(s) for s in new]
+        shape = [sympy.sympify(s) for s in new]
         v.facts.require(sympy.Eq(sympy.Mul(*shape), numel), "view numel")
     v.facts.require(sympy.Ge(numel, 1), "view of a possibly empty tensor")
     v.strides = _view_strides(v.sizes, v.strides, shape, v.facts)
     v.sizes = shape
+
+
+def _takes_dim(view_numel: Expr, size: Expr, tensor_numel: Expr, f: ShapeFacts) -> bool:
+    """PyTorch's ``view_numel < tensor_numel or size == 1``, decided for every size.
+
+    Either side may depend on the sizes while the disjunction does not: when the dim
+    completes the chunk (``view_numel * size == tensor_numel``), it is taken at every size,
+    as the one that fills it or as a size-1 dim after it.
+    """
+    if f.proves(sympy.Lt(view_numel, tensor_numel)) or f.proves(sympy.Eq(size, 1)):
+        return True
+    if f.proves(sympy.Eq(view_numel * size, tensor_numel)):
+        return True
+    return f.decide(sympy.Lt(view_numel, tensor_numel)) or f.decide(sympy.Eq(size, 1))
+
+
+def _is_inferred(size: Any) -> bool:
+    return isinstance(size, int) and size == -1
 
 
 def _view_strides(
@@ -264,9 +287,7 @@ def _view_strides(
         )
         if not chunk_ends:
             continue
-        while view_d >= 0 and (
-            f.decide(sympy.Lt(view_numel, tensor_numel)) or f.decide(sympy.Eq(new[view_d], 1))
-        ):
+        while view_d >= 0 and _takes_dim(view_numel, new[view_d], tensor_numel, f):
             strides[view_d] = view_numel * chunk_base
             view_numel = view_numel * new[view_d]
             view_d -= 1
@@ -347,6 +368,19 @@ def verify_symbolic_chain(
         at_source, at_target = source.at(point), target.at(point)
         if at_source is None or at_target is None:
             return False
-        if not verify_chain(chain, at_source, at_target):
+        if not verify_chain(_at_point(chain, point, facts), at_source, at_target):
             return False
     return bool(points) or (source.is_static() and target.is_static())
+
+
+def _at_point(chain: Sequence[ViewStep], point: Any, facts: ShapeFacts) -> tuple[ViewStep, ...]:
+    """``chain`` with each graph input that holds a size replaced by its value at ``point``."""
+
+    def value(arg: Any) -> Any:
+        if isinstance(arg, torch.fx.Node):
+            return int(facts.expression(arg).xreplace(point))
+        if isinstance(arg, list):
+            return [value(a) for a in arg]
+        return arg
+
+    return tuple(ViewStep(step.op, tuple(value(a) for a in step.args)) for step in chain)
