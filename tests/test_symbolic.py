@@ -351,3 +351,58 @@ def test_graph_inputs_holding_sizes_are_vmappable():
         for b, sample in enumerate(samples):
             for got, want in zip(out, tensors_of(gm)(*sample), strict=True):
                 torch.testing.assert_close(got[b], want)
+
+
+#: More symbolic geometries: name: (function, input of size n, whether it is rewritten).
+PROBES = {
+    "every_other": (lambda x: x.as_strided((x.shape[0] // 2,), (2,), 1), torch.randn, False),
+    "tail": (lambda x: x.as_strided((x.shape[0] - 3,), (1,), 3), torch.randn, True),
+    "last_column": (
+        lambda x: x.as_strided((x.shape[0],), (x.shape[1],), x.shape[1] - 1),
+        lambda n: torch.randn(n, n + 2),
+        True,
+    ),
+    "broadcast_column": (
+        lambda x: x[:, :1].as_strided((x.shape[0], 4), (x.shape[1], 0)),
+        lambda n: torch.randn(n, 5),
+        True,
+    ),
+    "flatten": (
+        lambda x: x.as_strided((x.shape[0] * x.shape[1],), (1,)),
+        lambda n: torch.randn(n, n + 1),
+        True,
+    ),
+    "transpose": (
+        lambda x: x.as_strided((x.shape[1], x.shape[0]), (1, x.shape[1])),
+        lambda n: torch.randn(n, n + 1),
+        True,
+    ),
+    "past_a_short_row": (
+        lambda x: x[1].as_strided((4,), (1,), x.shape[1]),
+        lambda n: torch.randn(n, n),
+        False,
+    ),
+}
+
+
+def outcome(fn, *args):
+    """``fn(*args)``, or the type of the error it raises."""
+    try:
+        return fn(*args)
+    except (RuntimeError, IndexError) as err:
+        return type(err)
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_symbolic_geometries_are_rewritten_or_kept_and_right_at_every_size(name):
+    fn, make, rewritten = PROBES[name]
+    res = fxviews.rewrite(make_fx(fn, tracing_mode="symbolic")(make(8)))
+    [record] = res.records
+    assert (record.method != "kept") == rewritten, record
+    for n in (3, 4, 5, 8, 13):
+        x = make(n)
+        want, got = outcome(fn, x), outcome(res.graph_module, x)
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want, msg=f"n={n}")
+        else:  # eager raises at this size: so must the graph
+            assert got is want, f"n={n}: {got}"
