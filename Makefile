@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test,onnx]'
 	touch $(STAMP)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), each given whole
+# files, so a file's cached traces and module-scoped fixtures are built once.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 # `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES
 # random cases (7 properties: 21k at the default) and the fixed differential corpora run too.
@@ -53,7 +57,7 @@ $(NEWEST_STAMP): pyproject.toml | $(NEWEST_PY)
 
 test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
-	$(NEWEST_PY) -m pytest -q -p no:cacheprovider tests
+	$(NEWEST_PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: setup
 	$(PY) -m fxviews demo
