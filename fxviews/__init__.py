@@ -5,7 +5,7 @@ Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :fun
 in the repository).
 """
 
-from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
+from fxviews.compile_backend import backend  # importing it registers backend="fxviews"
 from fxviews.onnx_export import export_onnx
 from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite

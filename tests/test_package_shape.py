@@ -1,0 +1,28 @@
+"""The package's shape: modules reachable by name, no import cycles, an engine on its own."""
+
+from __future__ import annotations
+
+import importlib
+import types
+from pathlib import Path
+
+import pytest
+
+import fxviews
+
+REPO = Path(__file__).resolve().parent.parent
+FRONT_DOOR = sorted(p.stem for p in (REPO / "fxviews").glob("*.py") if p.stem != "__main__")
+
+
+@pytest.mark.parametrize("name", FRONT_DOOR)
+def test_each_module_is_what_its_dotted_name_imports(name):
+    module = importlib.import_module(f"fxviews.{name}")
+    assert isinstance(module, types.ModuleType)
+    # `import fxviews.x as m` binds the package attribute x: it must be the module itself.
+    assert getattr(fxviews, name, module) is module
+
+
+def test_the_backend_function_keeps_its_public_name():
+    import fxviews.compile_backend as module
+
+    assert fxviews.backend is module.backend and callable(fxviews.backend)
