@@ -17,6 +17,10 @@ from typing import Any
 
 import pytest
 import torch
+
+import fxviews
+from fxviews.compile_backend import fxviews_backend
+from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import (
     BackendCompilerFailed,
     aot_autograd,
@@ -25,10 +29,6 @@ from fxviews.passes.torch_internals import (
     min_cut_rematerialization_partition,
     reset_dynamo,
 )
-
-import fxviews
-from fxviews.compile_backend import fxviews_backend
-from fxviews.examples import push_jvp
 
 AS_STRIDED_OPS = {
     torch.ops.aten.as_strided.default,

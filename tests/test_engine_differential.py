@@ -43,10 +43,10 @@ from typing import Any
 
 import pytest
 import torch
-from fxviews.passes.torch_internals import pytree
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
+from fxviews.passes.torch_internals import pytree
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
 from fxviews.passes.geometry import (
     Geometry,
     contains_address,
@@ -19,8 +22,6 @@ from fxviews.passes.geometry import (
 )
 from fxviews.passes.synthesis import synthesize
 from fxviews.passes.view_chain import apply_chain, describe_chain
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 # CI runs the same examples every time (a landing must not hinge on a lucky draw); local runs
 # draw new ones. Either way a failure prints the example that reproduces it.

@@ -30,12 +30,12 @@ from typing import Any
 
 import pytest
 import torch
-
-# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
-from fxviews.passes.torch_internals import op_db
 from torch.func import jvp, vmap
 
 import fxviews
+
+# OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
+from fxviews.passes.torch_internals import op_db
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,

@@ -7,13 +7,13 @@ import operator
 
 import pytest
 import torch
-from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
-from fxviews.passes.geometry import Geometry
-from fxviews.passes.view_chain import AS_STRIDED_OPS
 from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
+from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
+from fxviews.passes.geometry import Geometry
+from fxviews.passes.view_chain import AS_STRIDED_OPS
 
 aten = torch.ops.aten
 

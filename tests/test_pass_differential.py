@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fxviews.passes.geometry import Geometry
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import fxviews
+from fxviews.passes.geometry import Geometry
 from tests.reference import as_strided_nodes
 from tests.test_geometry import SETTINGS, random_target_cases, sources, storage_for
 

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
-from fxviews.passes.pinning import dense_order, merges_dims
 from torch.func import grad, jvp, vmap
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
+from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
+from fxviews.passes.pinning import dense_order, merges_dims
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,

@@ -9,11 +9,11 @@ import operator
 
 import pytest
 import torch
-from fxviews.passes import Record
-from fxviews.passes.graph_edits import describe_call
 
 import fxviews
 from fxviews.examples import push_jvp
+from fxviews.passes import Record
+from fxviews.passes.graph_edits import describe_call
 from fxviews.printouts import (
     DEBUG_ENV,
     debug_enabled,

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 import torch
-from fxviews.passes import ViewToReshape
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from fxviews.passes import ViewToReshape
 from tests.reference import (
     assert_tree_close,
     in_dims_id,
