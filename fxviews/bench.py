@@ -242,10 +242,10 @@ def bench_vmap(settings: Settings) -> Table:
     table = []
     for batch in settings.batch_sizes:
         samples = [seed_args() for _ in range(batch)]
-        batched = tuple(torch.stack(column) for column in zip(*samples))
+        batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
         # Every vmap is built once, outside the timer: the rows compare running, not wrapping.
         calls = {
-            "loop": lambda: [push_jvp(*s) for s in samples],
+            "loop": functools.partial(_per_sample, push_jvp, samples),
             "eager_vmap": functools.partial(torch.func.vmap(push_jvp), *batched),
             "graph_vmap": functools.partial(torch.func.vmap(graph), *batched),
             # vmap's own cost: a function that computes nothing and returns push_jvp's pytree.
@@ -278,6 +278,11 @@ def _returns_inputs(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
     return (x, y), (yt, x)
 
 
+def _per_sample(fn: Callable[..., Any], samples: Sequence[tuple[torch.Tensor, ...]]) -> list[Any]:
+    """``fn`` run on each sample in a Python loop: what vmap replaces."""
+    return [fn(*sample) for sample in samples]
+
+
 def bench_graph(settings: Settings) -> Table:
     """Row 2: rewritten vs original graph, called directly on the same contiguous inputs."""
     table = []
@@ -286,7 +291,11 @@ def bench_graph(settings: Settings) -> Table:
         original = fxviews.trace(push_jvp, *args)
         graph = rewritten(original)
         times = median_seconds(
-            {"original": lambda: original(*args), "rewritten": lambda: graph(*args)}, settings
+            {
+                "original": functools.partial(original, *args),
+                "rewritten": functools.partial(graph, *args),
+            },
+            settings,
         )
         t_original, t_rewritten = times["original"], times["rewritten"]
         table.append(
@@ -421,10 +430,12 @@ def bench_compile(settings: Settings) -> Table:
         args = tuple(t.requires_grad_(train) for t in seed_args())
         times, notes = {}, []
         for backend in ("aot_eager", "fxviews"):
+            compile_with = functools.partial(torch.compile, backend=backend)
             times[backend], note = measured(
-                lambda b=backend: first_call_seconds(
+                functools.partial(
+                    first_call_seconds,
                     make_fn,
-                    lambda fn: torch.compile(fn, backend=b),
+                    compile_with,
                     args,
                     settings.compile_repeats,
                     backward=train,

@@ -120,7 +120,7 @@ def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str
     """Old name -> new name of every returned node the rewrite replaced."""
     return {
         old.name: new.name
-        for old, new in zip(_returned(before), _returned(after))
+        for old, new in zip(_returned(before), _returned(after), strict=True)
         if isinstance(old, torch.fx.Node)
         and isinstance(new, torch.fx.Node)
         and old.name != new.name
@@ -137,7 +137,10 @@ def _remap_signature(
             f"the rewritten graph returns {len(returned)} values where the program's signature "
             f"has {len(signature.output_specs)} outputs"
         )
-    specs = [_remap_output(spec, value) for spec, value in zip(signature.output_specs, returned)]
+    specs = [
+        _remap_output(spec, value)
+        for spec, value in zip(signature.output_specs, returned, strict=True)
+    ]
     return ExportGraphSignature(
         input_specs=copy.deepcopy(signature.input_specs), output_specs=specs
     )

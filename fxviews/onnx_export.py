@@ -142,7 +142,7 @@ def _check_onnx_exact(node: torch.fx.Node) -> None:
     expected = make_contiguous_strides_for(val.shape)
     contiguous = statically_known_true(val.storage_offset() == 0) and all(
         statically_known_true(size == 1) or statically_known_true(stride == want)
-        for size, stride, want in zip(val.shape, val.stride(), expected)
+        for size, stride, want in zip(val.shape, val.stride(), expected, strict=True)
     )
     if not contiguous:
         raise FxViewsError(

@@ -109,7 +109,7 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
     reserve = min(reason, _REASON_RESERVE)
     code = _fit_columns([before, after], minimums[1:3], budget - node - method - reserve)
     widths = [node, *code, method, max(budget - node - method - sum(code), minimums[4])]
-    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths)] for row in rows]
+    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths, strict=True)] for row in rows]
     return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
 
 

@@ -567,7 +567,7 @@ def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     if not isinstance(func, OpOverload):
         return []
     schema = op_schema(func)
-    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound = dict(zip((a.name for a in schema.arguments), args, strict=False))  # defaults
     bound.update(kwargs)
     written = []
     for argument in schema.arguments:

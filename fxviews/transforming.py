@@ -282,7 +282,7 @@ class _GraphCache:
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
             filled = list(leaves)
-            for position, tensor in zip(positions, tensors):
+            for position, tensor in zip(positions, tensors, strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
             out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))

@@ -60,7 +60,8 @@ def argument_nodes(args: object) -> list[torch.fx.Node]:
 
 def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, object]:
     """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
-    bound = dict(zip((a.name for a in op_schema(op).arguments), node.args))
+    # strict=False: arguments left to their defaults are not in node.args.
+    bound = dict(zip((a.name for a in op_schema(op).arguments), node.args, strict=False))
     bound.update(node.kwargs)
     return bound
 

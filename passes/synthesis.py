@@ -184,5 +184,5 @@ def _to_target_order(b: _ChainBuilder, target: Geometry, walking: list[int]) -> 
     for j in range(target.ndim):
         if j not in walking:
             b.do(aten.unsqueeze.default, j)
-    if any(s > 1 and t == 0 for s, t in zip(target.sizes, target.strides)):
+    if any(s > 1 and t == 0 for s, t in zip(target.sizes, target.strides, strict=True)):
         b.do(aten.expand.default, list(target.sizes))

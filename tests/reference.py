@@ -152,7 +152,7 @@ def per_sample_reference(
     for sample in samples:
         args = tuple(
             _shared(samples, i) if bd is None else arg
-            for i, (arg, bd) in enumerate(zip(sample, in_dims))
+            for i, (arg, bd) in enumerate(zip(sample, in_dims, strict=True))
         )
         outputs.append(fn(*args))
     leaves_per_sample = []
@@ -164,7 +164,7 @@ def per_sample_reference(
         elif out_spec != spec:
             raise AssertionError(f"output structure differs between samples: {spec} vs {out_spec}")
         leaves_per_sample.append(leaves)
-    stacked = [torch.stack(list(column), dim=0) for column in zip(*leaves_per_sample)]
+    stacked = [torch.stack(list(column), dim=0) for column in zip(*leaves_per_sample, strict=True)]
     return pytree.tree_unflatten(stacked, spec)
 
 
@@ -188,7 +188,7 @@ def assert_tree_close(
             f"{msg}: output structure differs\n  actual:   {actual_spec}\n"
             f"  expected: {expected_spec}"
         )
-    for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+    for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves, strict=True)):
         torch.testing.assert_close(
             a,
             e,

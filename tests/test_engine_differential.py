@@ -499,7 +499,8 @@ def test_nested_vmap_of_rewritten_graph_matches_eager(
     )
     rows = [pytree.tree_flatten(per_sample_reference(prep.fn, row, inner)) for row in grid]
     expected = pytree.tree_unflatten(
-        [torch.stack(list(column)) for column in zip(*(leaves for leaves, _ in rows))], rows[0][1]
+        [torch.stack(list(column)) for column in zip(*(leaves for leaves, _ in rows), strict=True)],
+        rows[0][1],
     )
     actual = vmap(vmap(prep.result.graph_module, in_dims=inner), in_dims=outer)(*batched)
     assert_tree_close(actual, expected, msg=f"{case_id} nested vmap outer={outer} inner={inner}")

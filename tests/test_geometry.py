@@ -96,7 +96,7 @@ def random_view(draw: st.DrawFn, x: torch.Tensor, steps: int) -> torch.Tensor:
             stop = draw(st.integers(start + 1, size))
             x = x[(slice(None),) * dim + (slice(start, stop, draw(st.integers(1, 3))),)]
         elif kind == "diagonal" and x.ndim >= 2:
-            other = draw(st.integers(0, x.ndim - 1).filter(lambda d: d != dim))
+            other = draw(st.integers(0, x.ndim - 1).filter(lambda d, dim=dim: d != dim))
             offset = draw(st.integers(-2, 2))
             candidate = x.diagonal(offset, dim, other)
             if candidate.numel() > 0:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
 import types
 from pathlib import Path
 
@@ -26,3 +28,13 @@ def test_the_backend_function_keeps_its_public_name():
     import fxviews.compile_backend as module
 
     assert fxviews.backend is module.backend and callable(fxviews.backend)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_runs_the_lint_gate_before_pytest():
+    dry_run = subprocess.run(
+        ["make", "-n", "test"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    steps = ["ruff check .", "ruff format --check .", "mypy", "-m pytest"]
+    found = [next(i for i, line in enumerate(dry_run) if step in line) for step in steps]
+    assert found == sorted(found), dry_run

@@ -45,7 +45,7 @@ def test_seed_under_vmap_with_batch_dims_not_first() -> None:
     for b, sample in enumerate(samples):
         expected = torch.utils._pytree.tree_leaves(push_jvp(*sample))
         got = [t[b] for t in torch.utils._pytree.tree_leaves(out)]
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e)
     # The plain graph is silently wrong on the same inputs: the bug this library fixes.
     plain = torch.func.vmap(gm, in_dims=(1, 2, 2))(*batched)
@@ -92,7 +92,7 @@ def test_as_strided_of_an_as_strided_reads_relative_to_the_rewritten_input() -> 
     samples = [torch.randn(20) for _ in range(3)]
     out = torch.func.vmap(res.graph_module, in_dims=1)(torch.stack(samples, dim=1))
     for b, sample in enumerate(samples):
-        for got, want in zip(out, f(sample)):
+        for got, want in zip(out, f(sample), strict=True):
             torch.testing.assert_close(got[b], want)
 
 
@@ -226,7 +226,7 @@ def test_in_place_as_strided_is_kept_when_its_input_is_read_afterwards() -> None
     res = fxviews.rewrite(gm, example_inputs=[x])
     [record] = res.records
     assert record.method == "kept" and "afterwards" in record.reason
-    for got, want in zip(res.graph_module(x.clone()), gm(x.clone())):
+    for got, want in zip(res.graph_module(x.clone()), gm(x.clone()), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -319,7 +319,7 @@ def test_a_copy_with_the_right_geometry_is_never_taken_for_a_view() -> None:
     x, y = torch.randn(3, 4), torch.randn(2, 4)
     res = fxviews.rewrite(gm, example_inputs=[x, y])
     assert [r.method for r in res.records] != ["provenance"]
-    for got, want in zip(res.graph_module(x, y), f(x, y)):
+    for got, want in zip(res.graph_module(x, y), f(x, y), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -335,7 +335,7 @@ def test_views_that_change_values_are_never_replayed() -> None:
     x, y = torch.randn(2, 3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
     res = fxviews.rewrite(fxviews.trace(f, x, y))
     assert [r.after for r in res.records] == ["select(mul, 0, 0)"]
-    for got, want in zip(res.graph_module(x, y), f(x, y)):
+    for got, want in zip(res.graph_module(x, y), f(x, y), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -365,6 +365,7 @@ def test_hygiene_drops_dead_metadata_checks_only() -> None:
     for got, want in zip(
         torch.utils._pytree.tree_leaves(gm(x, y, yt)),
         torch.utils._pytree.tree_leaves(push_jvp(x, y, yt)),
+        strict=True,
     ):
         torch.testing.assert_close(got, want)
 
@@ -413,7 +414,7 @@ def test_strict_mode_is_atomic_and_names_the_geometry() -> None:
     assert gm.code == code == gm.graph.python_code("self").src
     assert len(as_strided_nodes(gm)) == 2
     x = torch.randn(3, 5)
-    for got, want in zip(gm(x), _safe_then_unsafe(x)):
+    for got, want in zip(gm(x), _safe_then_unsafe(x), strict=True):
         torch.testing.assert_close(got, want)
 
 

@@ -146,14 +146,14 @@ def columns(table: str) -> list[list[str]]:
         if cells[0]:
             rows.append(cells)
         else:
-            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells)]
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells, strict=True)]
     return rows
 
 
 @pytest.mark.parametrize("width", [100, 72])
 def test_wrapped_cells_lose_nothing(width):
     rows = columns(format_table(RECORDS, width=width))
-    for row, record in zip(rows, RECORDS):
+    for row, record in zip(rows, RECORDS, strict=True):
         expected = [record.node, record.before, record.after, record.method, record.reason]
         assert ["".join(cell.split()) for cell in row] == ["".join(e.split()) for e in expected]
 

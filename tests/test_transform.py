@@ -150,7 +150,7 @@ def samples_for(n_args: int, shape=SHAPE, *, seed: int = 0, dtype=torch.float64,
 
 def _inner_cases():
     for f in CORPUS:
-        for name, (wrap, n_args) in INNER.items():
+        for name, (_, n_args) in INNER.items():
             # Jacobians/Hessians of every corpus function cost more than they add; the seed and
             # one multi-view function cover them.
             if name in ("jacfwd", "jacrev", "hessian") and f is chunks:
