@@ -7,7 +7,7 @@ in the repository).
 
 from fxviews.compile_backend import backend  # importing it registers backend="fxviews"
 from fxviews.onnx_export import export_onnx
-from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
+from fxviews.passes import FxViewsError, Record, RecordKind, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite
 from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform
@@ -15,6 +15,7 @@ from fxviews.transforming import explain, transform
 __all__ = [
     "FxViewsError",
     "Record",
+    "RecordKind",
     "RewriteResult",
     "TracingError",
     "UnsafeAsStridedError",

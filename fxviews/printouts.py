@@ -23,17 +23,15 @@ import sys
 import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
 from tabulate import tabulate
 
-from fxviews.passes import METHODS, Record
-
-if TYPE_CHECKING:
-    from fxviews.rewriting import RewriteResult
+from fxviews.passes import METHODS, Record, RecordKind
 
 __all__ = [
     "DEBUG_ENV",
+    "Rewrite",
     "debug_enabled",
     "format_diff",
     "format_result",
@@ -66,7 +64,26 @@ _BREAK = re.compile(r"[^\s,(]*(?:,\s*|\(|\s+|$)")
 _FREE_SUFFIX = re.compile(r";\s+(?:[A-Za-z_]\w*\s*=\s*)+None\s*$")
 
 
-def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bool = True) -> str:
+class Rewrite(Protocol):
+    """What the printouts read of a rewrite; :class:`fxviews.RewriteResult` is one.
+
+    A protocol, not the class itself, so that this module does not import
+    :mod:`fxviews.rewriting`, which imports it to print its results.
+    """
+
+    records: list[Record]
+    view_records: list[Record]
+    pin_records: list[Record]
+    modified: bool
+    seconds: float
+    traced_with: str | None
+    code_before: str
+
+    @property
+    def code_after(self) -> str: ...
+
+
+def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = True) -> str:
     """The full printout of a :class:`~fxviews.RewriteResult`: table, summary line, code diff.
 
     Every line fits in ``width`` columns, 60 or more (long cells and long code lines are
@@ -113,7 +130,7 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
     return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
 
 
-def format_summary(result: RewriteResult) -> str:
+def format_summary(result: Rewrite) -> str:
     """One line: per kind of node, how many were rewritten (by method) and kept; the time.
 
     Example::
@@ -122,27 +139,21 @@ def format_summary(result: RewriteResult) -> str:
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
-    # Pinning's records name the layout-bound node; "layout-bound" keeps them apart from the
-    # reshape step's records of the same views.
-    records = [
-        *((r, "") for r in [*result.records, *result.view_records]),
-        *((r, "layout-bound ") for r in result.pin_records),
-    ]
+    records = [*result.records, *result.view_records, *result.pin_records]
     if not records:
         changed = "graph cleaned up" if result.modified else "graph unchanged"
         return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
-    # Records are per node of the kinds the engine rewrites (as_strided, view, ...); `before`
-    # starts with the node's op.
-    by_kind: dict[str, Counter[str]] = {}
-    for record, prefix in records:
-        kind = prefix + (record.before.split("(", 1)[0] or "node")
-        by_kind.setdefault(kind, Counter())[record.method] += 1
+    by_kind: dict[RecordKind, Counter[str]] = {kind: Counter() for kind in RecordKind}
+    for record in records:
+        by_kind[record.kind][record.method] += 1
     parts = []
     for kind, counts in by_kind.items():
+        if not counts:
+            continue
         kept = counts.pop("kept", 0)
         by_method = ", ".join(f"{m} {counts[m]}" for m in METHODS if counts.get(m))
         detail = f" ({by_method})" if by_method else ""
-        parts.append(f"{kind} {sum(counts.values())} rewritten{detail}, {kept} kept")
+        parts.append(f"{kind.value} {sum(counts.values())} rewritten{detail}, {kept} kept")
     return "fxviews: " + "; ".join(parts) + f"; {elapsed}"
 
 
@@ -182,7 +193,7 @@ def debug_enabled() -> bool:
 
 
 def report_rewrite(
-    result: RewriteResult,
+    result: Rewrite,
     *,
     source: str,
     stream: TextIO | None = None,

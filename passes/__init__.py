@@ -8,7 +8,7 @@ from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
 from .hygiene import drop_redundant_aliases, remove_dead_pure_nodes
 from .pinning import LAYOUT_KERNELS, LayoutPinning
-from .records import METHODS, Record
+from .records import METHODS, Record, RecordedPassResult, RecordingPass, RecordKind
 from .view_to_reshape import ViewToReshape
 
 __all__ = [
@@ -19,6 +19,9 @@ __all__ = [
     "LayoutPinning",
     "METHODS",
     "Record",
+    "RecordKind",
+    "RecordedPassResult",
+    "RecordingPass",
     "UnsafeAsStridedError",
     "ViewToReshape",
     "drop_redundant_aliases",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import shutil
 import subprocess
@@ -28,6 +29,29 @@ def test_the_backend_function_keeps_its_public_name():
     import fxviews.compile_backend as module
 
     assert fxviews.backend is module.backend and callable(fxviews.backend)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at the top or inside functions, absolute names only."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_printouts_import_no_other_front_door_module():
+    # rewriting imports printouts to print its results: the other way round would be a cycle.
+    imported = _imported_modules(REPO / "fxviews" / "printouts.py")
+    front_door = {m for m in imported if m.startswith("fxviews")}
+    assert all(m.startswith("fxviews.passes") for m in front_door), front_door
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "passes").glob("*.py")), ids=lambda p: p.name)
+def test_the_engine_imports_nothing_from_the_front_door(path):
+    assert not {m for m in _imported_modules(path) if m.split(".")[0] == "fxviews"}
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

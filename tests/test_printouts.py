@@ -12,7 +12,7 @@ import torch
 
 import fxviews
 from fxviews.examples import push_jvp
-from fxviews.passes import Record
+from fxviews.passes import Record, RecordKind
 from fxviews.passes.graph_edits import describe_call
 from fxviews.printouts import (
     DEBUG_ENV,
@@ -52,6 +52,7 @@ def fake_result(records, *, code_before="def forward(self):\n    return ()", sec
     )
 
 
+AS_STRIDED, VIEW = RecordKind.AS_STRIDED, RecordKind.VIEW
 LONG = "as_strided(" + ", ".join(f"clone_{i}" for i in range(30)) + ", [6, 6, 6], [36, 6, 1], 0)"
 RECORDS = [
     Record(
@@ -60,6 +61,7 @@ RECORDS = [
         "select(clone_1, 0, 0)",
         "provenance",
         "replays select",
+        kind=AS_STRIDED,
     ),
     Record(
         "as_strided_1",
@@ -67,14 +69,23 @@ RECORDS = [
         "unfold(unfold(x, 0, 2, 1), 1, 2, 1)",
         "synthesized",
         "a chain of view ops " * 8,
+        kind=AS_STRIDED,
     ),
-    Record("as_strided_2", "as_strided(t, [2, 3], [3, 1], 0)", "t", "identity", "same geometry"),
+    Record(
+        "as_strided_2",
+        "as_strided(t, [2, 3], [3, 1], 0)",
+        "t",
+        "identity",
+        "same geometry",
+        kind=AS_STRIDED,
+    ),
     Record(
         "as_strided_3",
         "as_strided(buf, [6], [1], 0)",
         "select(view, 0, 0)",
         "scatter",
         "relative to the base view",
+        kind=AS_STRIDED,
     ),
     Record(
         "as_strided_4",
@@ -82,6 +93,7 @@ RECORDS = [
         "as_strided(x, [3], [1], 0)",
         "kept",
         "exposes memory its input does not",
+        kind=AS_STRIDED,
     ),
 ]
 
@@ -109,7 +121,7 @@ def test_kept_and_synthesized_rows(mixed_result):
     rows = [line for line in text.splitlines() if line.startswith("as_strided")]
     assert len(rows) == 3  # both nodes, and the pinning step's row for the kept one
     assert "as_strided 1 rewritten (synthesized 1), 1 kept" in text
-    assert "layout-bound as_strided 0 rewritten, 1 kept" in text  # it reads a graph input
+    assert "layout-bound node 0 rewritten, 1 kept" in text  # it reads a graph input
     kept = next(row for row in columns(format_table(mixed_result.records)) if row[3] == "kept")
     assert "reads storage address 4" in kept[4]  # why the node was kept
     assert "unfold" in text
@@ -174,6 +186,7 @@ def feature_meta_record() -> Record:
         f"select({FEATURE_META}, 0, 0)",
         "provenance",
         "replays the view " * 4,
+        kind=AS_STRIDED,
     )
 
 
@@ -253,8 +266,10 @@ def test_summary_counts_each_method():
 
 def test_summary_groups_records_by_kind_of_node():
     records = RECORDS[:2] + [
-        Record("view", "view(clone, [-1])", "reshape(clone, [-1])", "reshape", "no alias"),
-        Record("view_1", "view(x, [6])", "", "kept", "aliasing is observable"),
+        Record(
+            "view", "view(clone, [-1])", "reshape(clone, [-1])", "reshape", "no alias", kind=VIEW
+        ),
+        Record("view_1", "view(x, [6])", "", "kept", "aliasing is observable", kind=VIEW),
     ]
     assert format_summary(fake_result(records)) == (
         "fxviews: as_strided 2 rewritten (provenance 1, synthesized 1), 0 kept; "
