@@ -30,9 +30,9 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tabulate import tabulate
@@ -105,7 +105,7 @@ def many_views(blocks: int) -> Callable[..., Any]:
             base = x[i].clone()
             views = [base[0], base[:, ::2], base.t(), base.diagonal()]
             base.copy_(y[i])
-            outs.append(sum(v.sum() for v in views))
+            outs.append(cast(torch.Tensor, sum(v.sum() for v in views)))  # never the start, 0
         return outs
 
     def generated(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
@@ -117,7 +117,7 @@ def many_views(blocks: int) -> Callable[..., Any]:
 # --- timing -----------------------------------------------------------------------------------
 
 
-def median_seconds(calls: dict[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
+def median_seconds(calls: Mapping[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
     """Median seconds of one call of each of ``calls`` over ``settings.repeats`` repeats.
 
     The calls are compared against each other, so their repeats are interleaved: a burst of
@@ -161,7 +161,8 @@ def first_call_seconds(
         reset_dynamo()
         fn = wrap(make_fn())
         start = time.perf_counter()
-        with torch.compiler.config.patch(force_disable_caches=True):
+        # Config modules gain patch() when torch installs them, invisibly to type checkers.
+        with torch.compiler.config.patch(force_disable_caches=True):  # type: ignore[attr-defined]
             out = fn(*args)
             if backward:
                 out.backward()
@@ -324,13 +325,15 @@ def bench_first_call(settings: Settings) -> Table:
         "fxviews.transform": why,
         "torch.compile default (inductor)": "n/a (skipped in --quick)",
     }
-    results = {}
+    results: dict[str, tuple[float | None, str]] = {}
     for path, wrap in paths.items():
         if wrap is None:
             results[path] = (None, skipped[path])
         else:
             results[path] = measured(
-                lambda w=wrap: first_call_seconds(make_push_jvp, w, args, settings.compile_repeats)
+                functools.partial(
+                    first_call_seconds, make_push_jvp, wrap, args, settings.compile_repeats
+                )
             )
     t_transform = results["fxviews.transform"][0]
     return [

@@ -113,7 +113,10 @@ def rewrite_exported(
 
 def _returned(graph: torch.fx.Graph) -> list[Any]:
     """The values the graph's output node returns, one per output spec, in order."""
-    return list(graph.output_node().args[0])
+    returned = graph.output_node().args[0]
+    if not isinstance(returned, (list, tuple)):  # export graphs return a tuple of outputs
+        raise FxViewsError(f"the program's graph returns {returned!r}, not a tuple of outputs")
+    return list(returned)
 
 
 def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str, str]:

@@ -84,7 +84,10 @@ def export_onnx(
     onnx_program = torch.onnx.export(
         rewritten, dynamo=True, custom_translation_table=table, **onnx_options
     )
-    for node in onnx_program.exported_program.graph.nodes:
+    translated = None if onnx_program is None else onnx_program.exported_program
+    if translated is None:  # dynamo=True always returns a program that keeps it
+        raise FxViewsError("torch.onnx.export returned no exported program to check")
+    for node in translated.graph.nodes:
         if node.target in (aten.as_strided.default, aten.as_strided_scatter.default):
             _check_onnx_exact(node)
     return onnx_program
@@ -174,8 +177,10 @@ def _as_strided_scatter_onnx(
 
     addresses = Geometry(tuple(size), tuple(stride), storage_offset or 0).addresses()
     indices = np.fromiter(addresses, dtype=np.int64).reshape(-1, 1)
-    flat = op.Constant(value_ints=[-1])
-    scattered = op.ScatterND(
-        op.Reshape(self, flat), op.Constant(value=ir.tensor(indices)), op.Reshape(src, flat)
-    )
+    # Any: onnxscript's opset stubs type each value by its ONNX dtype and want onnx's own
+    # TensorProto, where a translation function builds values at export time from onnx_ir.
+    flat: Any = op.Constant(value_ints=[-1])
+    tensor: Any = ir.tensor(indices)
+    where: Any = op.Constant(value=tensor)
+    scattered = op.ScatterND(op.Reshape(self, flat), where, op.Reshape(src, flat))
     return op.Reshape(scattered, op.Shape(self))

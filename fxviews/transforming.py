@@ -180,12 +180,12 @@ class _Entry:
         # would only add overhead to every call.
         produced = self.graph_module.forward(*tensors)  # type: ignore[union-attr]
         if not self.out_constants:
-            return pytree.tree_unflatten(produced, self.out_spec)
+            return pytree.tree_unflatten(produced, self.out_spec)  # type: ignore[arg-type]
         produced_iter, constants = iter(produced), iter(self.out_constants)
         leaves = [
             next(produced_iter) if traced else next(constants) for traced in self.out_from_graph
         ]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        return pytree.tree_unflatten(leaves, self.out_spec)  # type: ignore[arg-type]
 
 
 class _GraphCache:
