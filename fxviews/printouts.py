@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import sys
-import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TextIO
@@ -178,7 +177,7 @@ def format_diff(
     lines = list(difflib.unified_diff(before, after, "before", "after", n=context, lineterm=""))
     if not lines:
         return "(graph code unchanged)"
-    out = []
+    out: list[str] = []
     for line in lines:
         out.extend(_fold_diff_line(line, width))
     return "\n".join(out)
@@ -263,8 +262,10 @@ def _wrap_cell(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def _wrap_tokens(line: str, width: int) -> list[str]:
-    # Greedy filling by tokens; a token is split only when it alone is wider than the column.
+def _wrap_tokens(line: str, width: int, indent: str = "") -> list[str]:
+    """``line`` in lines of at most ``width``, broken at token boundaries (see _BREAK); lines
+    after the first start with ``indent`` (shorter than ``width``)."""
+    # Greedy filling by tokens; a token is split only when it alone is wider than a line.
     lines: list[str] = []
     current = ""
     for token in _BREAK.findall(line):
@@ -273,10 +274,12 @@ def _wrap_tokens(line: str, width: int) -> list[str]:
             continue
         if current.strip():
             lines.append(current.rstrip())
-        current = token.lstrip()
+            current = indent + token.lstrip()
+        else:  # only leading space so far: the token starts the line
+            current += token
         while len(current.rstrip()) > width:
             lines.append(current[:width])
-            current = current[width:]
+            current = indent + current[width:]
     return [*lines, current.rstrip()] if current.strip() or not lines else lines
 
 
@@ -290,8 +293,6 @@ def _fold_diff_line(line: str, width: int) -> Iterable[str]:
     marker, body = line[:1], line[1:]
     indent = len(body) - len(body.lstrip())
     # Continuations keep the marker (the printout still reads as a diff) and indent four
-    # columns past the line they continue, like hand-wrapped Python.
-    pieces = textwrap.wrap(
-        body, width - 1, subsequent_indent=" " * (indent + 4), break_on_hyphens=False
-    )
-    return [marker + piece for piece in pieces]
+    # columns past the line they continue, like hand-wrapped Python (at most half the line).
+    continuation = " " * min(indent + 4, (width - 1) // 2)
+    return [marker + piece for piece in _wrap_tokens(body, width - 1, continuation)]

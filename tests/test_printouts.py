@@ -6,6 +6,7 @@ import functools
 import io
 import logging
 import operator
+import re
 
 import pytest
 import torch
@@ -295,6 +296,23 @@ def test_diff_folds_long_lines_and_keeps_markers():
     folded = [line for line in lines if line.startswith("-") and "x" in line]
     assert len(folded) > 2  # one long removed line became several, all marked as removed
     assert "".join(line[1:] for line in folded).count("x") == 60
+
+
+@pytest.mark.parametrize("width", [60, 72, 100])
+def test_diff_lines_wrap_at_token_boundaries_not_inside_identifiers(width):
+    call = f"torch.ops.aten.as_strided.default({FEATURE_META}, [6], [1], 0)"
+    long_line = f"    as_strided_with_a_long_name = {call}; {FEATURE_META} = None"
+    before = f"def forward(self, {FEATURE_META}):\n{long_line}\n    return as_strided\n"
+    after = f"def forward(self, {FEATURE_META}):\n    return as_strided\n"
+    lines = format_diff(before, after, width=width).splitlines()
+    assert max(len(line) for line in lines) <= width
+    removed = [line[1:] for line in lines if line.startswith("-    ") or line.startswith("-  ")]
+    assert len(removed) > 1  # the one removed line, wrapped
+    identifiers = re.findall(r"[A-Za-z_][\w.]*", call)
+    for identifier in identifiers:  # each one whole on one line
+        assert any(identifier in line for line in removed), (identifier, removed)
+    statement = long_line.split(";")[0]
+    assert "".join(removed).replace(" ", "") == statement.replace(" ", "")  # nothing lost
 
 
 def test_diff_ignores_release_bookkeeping():
