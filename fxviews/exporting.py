@@ -42,6 +42,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec
 
 from fxviews.passes import FxViewsError
+from fxviews.passes.graph_edits import pytree_spec_copies
 from fxviews.rewriting import RewriteResult, rewrite
 
 __all__ = ["ExportRewriteResult", "rewrite_exported"]
@@ -83,7 +84,7 @@ def rewrite_exported(
             "example_inputs is for GraphModules without metadata; an ExportedProgram has it"
         )
     decomposed = program.dialect == "TRAINING"
-    source = program.run_decompositions() if decomposed else program
+    source = _run_decompositions(program) if decomposed else program
     result = rewrite(
         source.graph_module, strict=strict, reshape_views=reshape_views, pin_layouts=pin_layouts
     )
@@ -109,6 +110,12 @@ def rewrite_exported(
         exported_program=new_program,
         decomposed=decomposed,
     )
+
+
+def _run_decompositions(program: ExportedProgram) -> ExportedProgram:
+    """``program.run_decompositions()``, which copies pytree specs (see pytree_spec_copies)."""
+    with pytree_spec_copies():
+        return program.run_decompositions()
 
 
 def _returned(graph: torch.fx.Graph) -> list[Any]:
@@ -167,7 +174,8 @@ def _remap_module_call_graph(
     Preserved module call signatures (``preserve_module_call_signature``) name nodes inside
     the graph; one the rewrite erased would leave the program unflattenable.
     """
-    entries = copy.deepcopy(program.module_call_graph)
+    with pytree_spec_copies():
+        entries = copy.deepcopy(program.module_call_graph)
     present = {node.name for node in graph.nodes}
     for entry in entries:
         if entry.signature is None:

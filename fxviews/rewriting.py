@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from fxviews.passes import (
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
+from fxviews.passes.graph_edits import copy_graph
 from fxviews.printouts import format_result, format_summary
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
@@ -99,7 +99,7 @@ def rewrite(
     start = time.perf_counter()
     # A new module over a copy of the graph: the caller's graph stays as it was, while
     # parameters, buffers and tensor constants stay shared (gradients still reach them).
-    own = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    own = torch.fx.GraphModule(gm, copy_graph(gm.graph), class_name=type(gm).__name__)
     own.meta = dict(gm.meta)
     result = rewrite_in_place(
         own,

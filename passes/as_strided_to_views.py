@@ -40,7 +40,6 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
@@ -53,7 +52,7 @@ import torch.fx
 from . import torch_internals as internals
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer, describe_call
+from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call
 from .provenance import ViewIndex, node_geometry
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
@@ -146,7 +145,7 @@ class AsStridedToViews(RecordingPass):
                     graph_module.recompile()
                 return RecordedPassResult(graph_module, modified, records)
             # Atomic: the copy absorbs every edit until the last node is known to be rewritten.
-            work = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
+            work = torch.fx.GraphModule(graph_module, copy_graph(graph_module.graph))
             modified, records = self._rewrite_all(work)
             if modified:
                 graph_module.graph = work.graph  # the setter also recompiles

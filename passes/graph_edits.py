@@ -3,8 +3,11 @@ linear output replacement."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import operator
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,6 +52,34 @@ class OutputDeferringReplacer:
         if pending:
             self.output.args = torch.fx.node.map_arg(self.output.args, lambda n: pending.get(n, n))
         return list(pending)
+
+
+def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A deep copy of ``graph`` to edit, without torch's warning about copying pytree specs.
+
+    Example::
+
+        >>> work = torch.fx.GraphModule(gm, copy_graph(gm.graph))
+    """
+    with pytree_spec_copies():
+        return copy.deepcopy(graph)
+
+
+@contextlib.contextmanager
+def pytree_spec_copies() -> Iterator[None]:
+    """Copying torch's own pytree specs, without the deprecation torch warns of for it.
+
+    ``Graph.__deepcopy__`` (for a graph make_fx traced over nested inputs) and
+    ``ExportedProgram.run_decompositions`` deep-copy pytree specs, which goes through a
+    constructor torch deprecates (torch 2.13): a FutureWarning about torch's own code on every
+    copy. Only that exact warning is ignored, and only inside the block.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _TREESPEC_DEPRECATION, FutureWarning)
+        yield
+
+
+_TREESPEC_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 def argument_nodes(args: Any) -> list[torch.fx.Node]:
