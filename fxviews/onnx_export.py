@@ -33,6 +33,7 @@ from torch.export import ExportedProgram
 from fxviews.exporting import rewrite_exported
 from fxviews.passes import FxViewsError, Geometry
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.graph_edits import pytree_spec_copies
 from fxviews.passes.torch_internals import make_contiguous_strides_for
 from fxviews.passes.view_chain import bind_as_strided
 
@@ -81,9 +82,10 @@ def export_onnx(
     onnx_options.setdefault("verbose", False)
     table = onnx_options.pop("custom_translation_table", None) or {}
     table = {aten.as_strided_scatter.default: _as_strided_scatter_onnx, **table}
-    onnx_program = torch.onnx.export(
-        rewritten, dynamo=True, custom_translation_table=table, **onnx_options
-    )
+    with pytree_spec_copies():  # the exporter decomposes the program, copying pytree specs
+        onnx_program = torch.onnx.export(
+            rewritten, dynamo=True, custom_translation_table=table, **onnx_options
+        )
     translated = None if onnx_program is None else onnx_program.exported_program
     if translated is None:  # dynamo=True always returns a program that keeps it
         raise FxViewsError("torch.onnx.export returned no exported program to check")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 import fxviews
@@ -34,3 +35,12 @@ def test_rewriting_an_exported_program_warns_of_nothing():
         result = fxviews.rewrite(program)
     x = torch.randn(3, 4)
     torch.testing.assert_close(result.exported_program.module()(x), Window()(x))
+
+
+def test_exporting_to_onnx_warns_of_nothing():
+    pytest.importorskip("onnxscript")
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the pytree spec deprecation
+        program = fxviews.export_onnx(Window(), (x,))
+    assert program.model_proto.graph.node  # a model, not just no warning
