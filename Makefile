@@ -1,5 +1,5 @@
 # `make test` and `make demo` set themselves up: a virtualenv in $(VENV), the pinned torch first
-# (a bare `torch` can pull a multi-GB CUDA build), then this project with its test extras.
+# (a bare `torch` can pull a multi-GB CUDA build), then this project with its test and lint extras.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
@@ -12,7 +12,7 @@ NEWEST_TORCH ?= ~=2.15.0
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 
-.PHONY: setup test test-newest-torch demo bench fuzz clean
+.PHONY: setup lint test test-newest-torch demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -22,14 +22,21 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx]'
+	$(PY) -m pip install -q -e '.[test,onnx,lint]'
 	touch $(STAMP)
+
+# `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in
+# pyproject.toml). `make test`, and so CI, runs it first.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), each given whole
 # files, so a file's cached traces and module-scoped fixtures are built once.
 TEST_WORKERS ?= 2
 
-test: setup
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 # `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES

@@ -180,12 +180,12 @@ class _Entry:
         # would only add overhead to every call.
         produced = self.graph_module.forward(*tensors)  # type: ignore[union-attr]
         if not self.out_constants:
-            return pytree.tree_unflatten(produced, self.out_spec)
+            return pytree.tree_unflatten(produced, self.out_spec)  # type: ignore[arg-type]
         produced_iter, constants = iter(produced), iter(self.out_constants)
         leaves = [
             next(produced_iter) if traced else next(constants) for traced in self.out_from_graph
         ]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        return pytree.tree_unflatten(leaves, self.out_spec)  # type: ignore[arg-type]
 
 
 class _GraphCache:
@@ -282,7 +282,7 @@ class _GraphCache:
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
             filled = list(leaves)
-            for position, tensor in zip(positions, tensors):
+            for position, tensor in zip(positions, tensors, strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
             out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))

@@ -41,7 +41,6 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
@@ -59,10 +58,10 @@ from .chain_emission import GraphEmitter
 from .chain_verification import verify_chain
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer, describe_call
+from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call
 from .op_tables import METADATA_MUTATIONS
 from .provenance import ViewIndex, node_geometry
-from .records import Record
+from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .scatter import (
     base_geometries,
     base_view_step,
@@ -84,8 +83,6 @@ from .synthesis import synthesize
 from .torch_internals import (
     FakeTensorMode,
     OpOverload,
-    PassBase,
-    PassResult,
     disable_current_modes,
     graph_pytree_info,
 )
@@ -143,17 +140,16 @@ class _Call:
         return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
 
-class AsStridedToViews(PassBase):
+class AsStridedToViews(RecordingPass):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
 
-    After a call, ``records`` holds one :class:`Record` per as_strided node seen.
+    Its result's ``records`` hold one :class:`Record` per as_strided node seen.
     ``recompile=False`` leaves ``graph_module.recompile()`` to the caller.
 
     Example::
 
-        >>> engine = AsStridedToViews()
-        >>> result = engine(gm)           # PassResult(graph_module, modified)
-        >>> [r.method for r in engine.records]
+        >>> result = AsStridedToViews()(gm)   # RecordedPassResult(graph_module, modified)
+        >>> [r.method for r in result.records]
         ['provenance']
     """
 
@@ -163,36 +159,34 @@ class AsStridedToViews(PassBase):
         example_inputs: Sequence[Any] | None = None,
         recompile: bool = True,
     ) -> None:
-        super().__init__()
-        self.strict = strict
-        self.example_inputs = example_inputs
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
-        self.recompile = recompile
-        self.records: list[Record] = []
+        super().__init__(recompile)
+        self.strict = strict
+        self.example_inputs = example_inputs
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        self.records = []
+    def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         _check_example_inputs(graph_module, self.example_inputs)
         if not any(_is_as_strided(n) for n in graph_module.graph.nodes):
-            return PassResult(graph_module, False)
+            return RecordedPassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
         # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
         with disable_current_modes():
             if not self.strict:
-                modified = self._rewrite_all(graph_module)
+                modified, records = self._rewrite_all(graph_module)
                 if modified and self.recompile:
                     graph_module.recompile()
-                return PassResult(graph_module, modified)
+                return RecordedPassResult(graph_module, modified, records)
             # Atomic: the copy absorbs every edit until the last node is known to be rewritten.
-            work = torch.fx.GraphModule(graph_module, copy.deepcopy(graph_module.graph))
-            modified = self._rewrite_all(work)
+            work = torch.fx.GraphModule(graph_module, copy_graph(graph_module.graph))
+            modified, records = self._rewrite_all(work)
             if modified:
                 graph_module.graph = work.graph  # the setter also recompiles
-            return PassResult(graph_module, modified)
+            return RecordedPassResult(graph_module, modified, records)
 
-    def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> bool:
-        """Rewrite every as_strided node of ``graph_module`` in place; whether any changed."""
+    def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> tuple[bool, list[Record]]:
+        """Rewrite every as_strided node of ``graph_module`` in place: whether any changed, and
+        one record per node."""
         graph = graph_module.graph
         nodes = [n for n in graph.nodes if _is_as_strided(n)]
         _ensure_metadata(graph_module, nodes, self.example_inputs)
@@ -205,27 +199,24 @@ class AsStridedToViews(PassBase):
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
         )
-        modified = False
+        records = []
         for node in nodes:
             record = self._rewrite_node(node, context)
-            self.records.append(record)
+            records.append(record)
             if record.method == "kept" and self.strict:
                 raise UnsafeAsStridedError(record.node, requested_geometry(node), record.reason)
-            modified = modified or record.method != "kept"
         for replaced in context.replacer.finish():
             graph.erase_node(replaced)
+        modified = any(r.method != "kept" for r in records)
         if modified:
             graph.lint()
-        return modified
+        return modified, records
 
     def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
         call, problem = _parse(node, context.index.facts)
         if call is None:
-            op = as_strided_op(node)
-            assert op is not None, "only as_strided-family nodes are rewritten"
-            name = op.__name__.split(".")[0]
-            arguments = ", ".join(map(str, (*node.args, *node.kwargs.values())))
-            return Record(node.name, f"{name}({arguments})", "", "kept", problem)
+            before = describe_call(as_strided_op(node) or node.target, node.args, node.kwargs)
+            return Record(node.name, before, "", "kept", problem, kind=RecordKind.AS_STRIDED)
         graph, position = context.graph, context.position
         if call.symbolic is not None and call.op in _STATIC_ONLY:
             return _kept(
@@ -269,7 +260,8 @@ class AsStridedToViews(PassBase):
             context.replacer.replace(node, out)
             if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
-            return Record(node.name, call.describe(), after, method, _REASONS[method])
+            reason = _REASONS[method]
+            return _record(call, after, method, reason)
         return _kept(call, _why_kept(call))
 
 
@@ -310,8 +302,14 @@ def _is_as_strided(node: torch.fx.Node) -> bool:
     return as_strided_op(node) is not None
 
 
+def _record(call: _Call, after: str, method: str, reason: str) -> Record:
+    return Record(
+        call.node.name, call.describe(), after, method, reason, kind=RecordKind.AS_STRIDED
+    )
+
+
 def _kept(call: _Call, reason: str) -> Record:
-    return Record(call.node.name, call.describe(), "", "kept", reason)
+    return _record(call, "", "kept", reason)
 
 
 def _check_example_inputs(gm: torch.fx.GraphModule, example_inputs: object) -> None:

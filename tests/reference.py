@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+
 from fxviews.passes.torch_internals import pytree
 
 __all__ = [

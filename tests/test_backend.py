@@ -17,6 +17,10 @@ from typing import Any
 
 import pytest
 import torch
+
+import fxviews
+from fxviews.compile_backend import fxviews_backend
+from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import (
     BackendCompilerFailed,
     aot_autograd,
@@ -25,10 +29,6 @@ from fxviews.passes.torch_internals import (
     min_cut_rematerialization_partition,
     reset_dynamo,
 )
-
-import fxviews
-from fxviews.backend import fxviews_backend
-from fxviews.examples import push_jvp
 from tests.reference import as_strided_nodes
 
 
@@ -271,7 +271,7 @@ def test_entry_point_works_without_importing_fxviews():
         torch._dynamo.reset()
         opts = {"inner": lambda gm, ex: print(gm.code) or gm.forward}
         torch.compile(f, backend="fxviews", options=opts)(x)
-        print("loaded through entry point:", "fxviews.backend" in sys.modules)
+        print("loaded through entry point:", "fxviews.compile_backend" in sys.modules)
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "FXVIEWS_DEBUG"}

@@ -33,7 +33,10 @@ def _module(case: Case) -> torch.nn.Module:
 def _onnxruntime(onnx_program, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """Run the ONNX model in a fresh onnxruntime session on the flattened ``args``."""
     session = onnxruntime.InferenceSession(onnx_program.model_proto.SerializeToString())
-    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), pytree.tree_leaves(args))}
+    feeds = {
+        i.name: a.numpy()
+        for i, a in zip(session.get_inputs(), pytree.tree_leaves(args), strict=True)
+    }
     return [torch.from_numpy(out) for out in session.run(None, feeds)]
 
 

@@ -33,7 +33,6 @@ import torch
 
 # OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
 from fxviews.passes.torch_internals import op_db
-
 from tests.differential import (
     Prepared,
     assert_every_layout_matches,
@@ -41,7 +40,12 @@ from tests.differential import (
     prepare,
     push_in_y,
 )
-from tests.reference import as_strided_nodes, in_dims_sweep, make_samples, stable_seed
+from tests.reference import (
+    as_strided_nodes,
+    in_dims_sweep,
+    make_samples,
+    stable_seed,
+)
 
 BATCH = 3
 DTYPE = torch.float64

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
-from fxviews.passes.pinning import dense_order, merges_dims
 from torch.func import grad, jvp, vmap
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
+from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
+from fxviews.passes.pinning import dense_order, merges_dims
 from tests.differential import assert_every_layout_matches, prepare, with_transform
 from tests.reference import (
     as_strided_nodes,
@@ -375,7 +375,7 @@ def test_view_of_a_graph_input_written_afterwards_is_kept_with_the_reason() -> N
     res = fxviews.rewrite(fxviews.trace(f, torch.randn(3, 4), torch.randn(3, 4)))
     (record,) = res.pin_records
     assert record.method == "kept" and "graph input 'x_1'" in record.reason
-    assert "layout-bound view 0 rewritten, 1 kept" in str(res)
+    assert "layout-bound node 0 rewritten, 1 kept" in str(res)
 
 
 def test_seed_graph_gets_no_pin_and_no_copy() -> None:
@@ -390,9 +390,9 @@ def test_seed_graph_gets_no_pin_and_no_copy() -> None:
 def test_pass_leaves_a_graph_without_layout_bound_nodes_alone() -> None:
     gm = fxviews.trace(lambda x: x.clone()[0].sin(), torch.randn(2, 3))
     code = gm.code
-    engine = LayoutPinning()
-    assert not engine(gm).modified
-    assert engine.records == [] and gm.code == code
+    result = LayoutPinning()(gm)
+    assert not result.modified
+    assert result.records == [] and gm.code == code
 
 
 def test_permuted_clone_is_pinned_to_its_traced_strides() -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fxviews.passes.torch_internals import make_fx, reset_dynamo
 
 import fxviews
 from fxviews.examples import push_jvp
+from fxviews.passes.torch_internals import make_fx, reset_dynamo
 from tests.test_backend import (
     Recorder,
     as_strided_count,

@@ -25,12 +25,17 @@ from typing import Any
 
 import pytest
 import torch
-from fxviews.passes import ViewToReshape
 from torch.func import vmap
 
 import fxviews
+from fxviews.passes import ViewToReshape
 from tests.differential import assert_every_layout_matches, check_vmap, with_transform
-from tests.reference import assert_tree_close, in_dims_sweep, make_samples, stack_batched
+from tests.reference import (
+    assert_tree_close,
+    in_dims_sweep,
+    make_samples,
+    stack_batched,
+)
 
 aten = torch.ops.aten
 BATCH = 3
@@ -147,9 +152,7 @@ def test_without_the_pass_some_placement_raises(case_name: str) -> None:
 
 def _run_pass(fn: Callable[..., Any], *args: torch.Tensor) -> tuple[Any, list[Any]]:
     gm = fxviews.rewrite(fxviews.trace(fn, *args)).graph_module
-    engine = ViewToReshape()
-    engine(gm)
-    return gm, engine.records
+    return gm, ViewToReshape()(gm).records
 
 
 def _kept_reasons(records: list[Any]) -> list[str]:
@@ -271,10 +274,9 @@ def test_view_as_complex_kept_when_the_base_is_written_afterwards() -> None:
 
 def test_pass_result_and_records_for_a_fresh_view() -> None:
     gm = fxviews.trace(lambda x: x.clone().view(-1), torch.randn(2, 3))
-    engine = ViewToReshape()
-    result = engine(gm)
+    result = ViewToReshape()(gm)
     assert result.modified and result.graph_module is gm
-    (record,) = engine.records
+    (record,) = result.records
     assert (record.before, record.after, record.method) == (
         "view(clone, [-1])",
         "reshape(clone, [-1])",
@@ -290,11 +292,10 @@ def test_unsafe_view_and_reshape_alias_become_reshape() -> None:
         return aten._unsafe_view(base.sin(), [12]), aten._reshape_alias(base, [12], [1])
 
     gm = fxviews.trace(f, torch.randn(3, 4))
-    engine = ViewToReshape()
-    engine(gm)
-    ops = sorted(r.before.split("(")[0] for r in engine.records)
+    records = ViewToReshape()(gm).records
+    ops = sorted(r.before.split("(")[0] for r in records)
     assert ops == ["_reshape_alias", "_unsafe_view"]
-    assert {r.method for r in engine.records} == {"reshape"}
+    assert {r.method for r in records} == {"reshape"}
     samples = make_samples([(3, 4)], BATCH, seed=5)
     assert_every_layout_matches(gm, lambda x: (x.sin().reshape(12), x.reshape(12)), samples)
 
@@ -307,17 +308,17 @@ def test_opaque_call_counts_as_alias_and_write() -> None:
     graph.call_function(torch.Tensor.mul_, (base, 2.0))  # a Python callable, not an aten op
     graph.output(graph.call_function(aten.sin.default, (flat,)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    engine = ViewToReshape()
-    assert not engine(gm).modified  # works without meta['val'] too
-    assert "written afterwards, at 'mul_'" in engine.records[0].reason
+    result = ViewToReshape()(gm)
+    assert not result.modified  # works without meta['val'] too
+    assert "written afterwards, at 'mul_'" in result.records[0].reason
 
 
 def test_graph_without_views_is_untouched() -> None:
     gm = fxviews.trace(lambda x: x.sin(), torch.randn(2, 3))
     code = gm.code
-    engine = ViewToReshape()
-    assert not engine(gm).modified
-    assert engine.records == [] and gm.code == code
+    result = ViewToReshape()(gm)
+    assert not result.modified
+    assert result.records == [] and gm.code == code
 
 
 def _mutate_after_view(x: torch.Tensor) -> torch.Tensor:
