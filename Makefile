@@ -1,5 +1,5 @@
 # `make test` and `make demo` set themselves up: a virtualenv in $(VENV), the pinned torch first
-# (a bare `torch` can pull a multi-GB CUDA build), then this project with its test extras.
+# (a bare `torch` can pull a multi-GB CUDA build), then this project with its test and lint extras.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
@@ -12,7 +12,7 @@ NEWEST_TORCH ?= ~=2.15.0
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 
-.PHONY: setup test test-newest-torch demo bench fuzz clean
+.PHONY: setup lint test test-newest-torch demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -22,11 +22,22 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx,bench]'
+	$(PY) -m pip install -q -e '.[test,onnx,bench,lint]'
 	touch $(STAMP)
 
-test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+# `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in
+# pyproject.toml). `make test`, and so CI, runs it first.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# The suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), each given whole
+# files, so a file's cached traces and module-scoped fixtures are built once.
+TEST_WORKERS ?= 2
+
+test: lint
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 # `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES
 # random cases (7 properties: 21k at the default) and the fixed differential corpora run too.
@@ -53,7 +64,7 @@ $(NEWEST_STAMP): pyproject.toml | $(NEWEST_PY)
 
 test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
-	$(NEWEST_PY) -m pytest -q -p no:cacheprovider tests
+	$(NEWEST_PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: setup
 	$(PY) -m fxviews demo

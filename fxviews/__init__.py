@@ -1,13 +1,20 @@
 """fxviews: make traced torch.func graphs layout-portable by rewriting as_strided into views.
 
 Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :func:`transform`,
-:func:`backend`, :func:`export_onnx`. The engine is :mod:`fxviews.passes` (top-level ``passes/``
-in the repository).
+:func:`backend`, :func:`export_onnx`; each rewrite's :class:`Record` of a node says its
+:class:`RecordKind`. The engine is :mod:`fxviews.passes`: the top-level ``passes/`` directory of
+the repository, which ``fxviews/passes`` links to, so it is the same package installed or not.
+
+Example::
+
+    >>> res = fxviews.explain(push_jvp, x, y, yt)
+    >>> [(r.kind, r.after) for r in res.records]
+    [(<RecordKind.AS_STRIDED: 'as_strided'>, 'select(clone_1, 0, 0)')]
 """
 
-from fxviews.backend import backend  # importing it registers backend="fxviews" with Dynamo
+from fxviews.compile_backend import backend  # importing it registers backend="fxviews"
 from fxviews.onnx_export import export_onnx
-from fxviews.passes import FxViewsError, Record, UnsafeAsStridedError
+from fxviews.passes import FxViewsError, Record, RecordKind, UnsafeAsStridedError
 from fxviews.rewriting import RewriteResult, rewrite
 from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform
@@ -15,6 +22,7 @@ from fxviews.transforming import explain, transform
 __all__ = [
     "FxViewsError",
     "Record",
+    "RecordKind",
     "RewriteResult",
     "TracingError",
     "UnsafeAsStridedError",

@@ -35,9 +35,9 @@ import textwrap
 import time
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tabulate import tabulate
@@ -111,7 +111,7 @@ def many_views(blocks: int) -> Callable[..., Any]:
             base = x[i].clone()
             views = [base[0], base[:, ::2], base.t(), base.diagonal()]
             base.copy_(y[i])
-            outs.append(sum(v.sum() for v in views))
+            outs.append(cast(torch.Tensor, sum(v.sum() for v in views)))  # never the start, 0
         return outs
 
     def generated(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
@@ -150,7 +150,7 @@ def dense_views(count: int) -> Callable[..., Any]:
 # --- timing -----------------------------------------------------------------------------------
 
 
-def median_seconds(calls: dict[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
+def median_seconds(calls: Mapping[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
     """Median seconds of one call of each of ``calls`` over ``settings.repeats`` repeats.
 
     The calls are compared against each other, so their repeats are interleaved: a burst of
@@ -194,7 +194,11 @@ def first_call_seconds(
         reset_dynamo()
         fn = wrap(make_fn())
         start = time.perf_counter()
-        with torch.compiler.config.patch(force_disable_caches=True), warnings.catch_warnings():
+        # Config modules gain patch() when torch installs them, invisibly to type checkers.
+        with (
+            torch.compiler.config.patch(force_disable_caches=True),  # type: ignore[attr-defined]
+            warnings.catch_warnings(),
+        ):
             # Dynamo warns that disabling caches disables its profile-guided recompiles too, on
             # every compile (a reset forgets it warned): that is the cold compile measured here.
             warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
@@ -285,10 +289,10 @@ def bench_vmap(settings: Settings) -> Table:
     table = []
     for batch in settings.batch_sizes:
         samples = [seed_args() for _ in range(batch)]
-        batched = tuple(torch.stack(column) for column in zip(*samples))
+        batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
         # Every vmap is built once, outside the timer: the rows compare running, not wrapping.
         calls = {
-            "loop": lambda: [push_jvp(*s) for s in samples],
+            "loop": functools.partial(_per_sample, push_jvp, samples),
             "eager_vmap": functools.partial(torch.func.vmap(push_jvp), *batched),
             "graph_vmap": functools.partial(torch.func.vmap(graph), *batched),
             # vmap's own cost: a function that computes nothing and returns push_jvp's pytree.
@@ -326,6 +330,11 @@ def _returns_inputs(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
     return (x, y), (yt, x)
 
 
+def _per_sample(fn: Callable[..., Any], samples: Sequence[tuple[torch.Tensor, ...]]) -> list[Any]:
+    """``fn`` run on each sample in a Python loop: what vmap replaces."""
+    return [fn(*sample) for sample in samples]
+
+
 def bench_graph(settings: Settings) -> Table:
     """Row 2: rewritten vs original graph, called directly on the same contiguous inputs."""
     table = []
@@ -334,7 +343,11 @@ def bench_graph(settings: Settings) -> Table:
         original = fxviews.trace(push_jvp, *args)
         graph = rewritten(original)
         times = median_seconds(
-            {"original": lambda: original(*args), "rewritten": lambda: graph(*args)}, settings
+            {
+                "original": functools.partial(original, *args),
+                "rewritten": functools.partial(graph, *args),
+            },
+            settings,
         )
         t_original, t_rewritten = times["original"], times["rewritten"]
         table.append(
@@ -363,13 +376,15 @@ def bench_first_call(settings: Settings) -> Table:
         "fxviews.transform": why,
         "torch.compile default (inductor)": "n/a (skipped in --quick)",
     }
-    results = {}
+    results: dict[str, tuple[float | None, str]] = {}
     for path, wrap in paths.items():
         if wrap is None:
             results[path] = (None, skipped[path])
         else:
             results[path] = measured(
-                lambda w=wrap: first_call_seconds(make_push_jvp, w, args, settings.compile_repeats)
+                functools.partial(
+                    first_call_seconds, make_push_jvp, wrap, args, settings.compile_repeats
+                )
             )
     t_transform = results["fxviews.transform"][0]
     return [
@@ -478,10 +493,12 @@ def bench_compile(settings: Settings) -> Table:
         args = tuple(t.requires_grad_(train) for t in seed_args())
         times, notes = {}, []
         for backend in ("aot_eager", "fxviews"):
+            compile_with = functools.partial(torch.compile, backend=backend)
             times[backend], note = measured(
-                lambda b=backend: first_call_seconds(
+                functools.partial(
+                    first_call_seconds,
                     make_fn,
-                    lambda fn: torch.compile(fn, backend=b),
+                    compile_with,
                     args,
                     settings.compile_repeats,
                     backward=train,

@@ -54,7 +54,7 @@ _IN_DIMS = (1, 2, 2)
 
 
 def _largest_error(actual: Any, expected: Any) -> float:
-    pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))
+    pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected), strict=True)
     return max(float((a - e).abs().max()) for a, e in pairs)
 
 

@@ -21,11 +21,11 @@ buffer and user-input mutations). The rewrite keeps that contract:
    state dict, constants, range constraints, module call graph and verifiers; its constructor
    validates it. The caller's program is never modified.
 
-Dynamic dims: the engine rewrites only nodes whose geometry is concrete (plain ints), and the
-ops it emits take values computed from those geometries or copied from view nodes with
-constant arguments. Under export's shape environment a concrete geometry is the same for every
-value the dims can take, so nothing emitted bakes a size a dynamic dim controls; nodes with a
-symbolic geometry are kept with that reason (``strict=True`` raises).
+Dynamic dims: a node whose geometry is symbolic is rewritten only with a chain the engine
+proves for every value the dims can take (export's shape environment, its ranges and guards),
+and the ops it emits take plain ints (constants, positions counted from a dim's end, ``-1``),
+so nothing emitted bakes a size a dynamic dim controls. Other symbolic nodes are kept with the
+reason (``strict=True`` raises).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec
 
 from fxviews.passes import FxViewsError
+from fxviews.passes.graph_edits import pytree_spec_copies
 from fxviews.rewriting import RewriteResult, rewrite
 
 __all__ = ["ExportRewriteResult", "rewrite_exported"]
@@ -83,7 +84,7 @@ def rewrite_exported(
             "example_inputs is for GraphModules without metadata; an ExportedProgram has it"
         )
     decomposed = program.dialect == "TRAINING"
-    source = program.run_decompositions() if decomposed else program
+    source = _run_decompositions(program) if decomposed else program
     result = rewrite(
         source.graph_module, strict=strict, reshape_views=reshape_views, pin_layouts=pin_layouts
     )
@@ -111,16 +112,25 @@ def rewrite_exported(
     )
 
 
+def _run_decompositions(program: ExportedProgram) -> ExportedProgram:
+    """``program.run_decompositions()``, which copies pytree specs (see pytree_spec_copies)."""
+    with pytree_spec_copies():
+        return program.run_decompositions()
+
+
 def _returned(graph: torch.fx.Graph) -> list[Any]:
     """The values the graph's output node returns, one per output spec, in order."""
-    return list(graph.output_node().args[0])
+    returned = graph.output_node().args[0]
+    if not isinstance(returned, (list, tuple)):  # export graphs return a tuple of outputs
+        raise FxViewsError(f"the program's graph returns {returned!r}, not a tuple of outputs")
+    return list(returned)
 
 
 def _returned_renames(before: torch.fx.Graph, after: torch.fx.Graph) -> dict[str, str]:
     """Old name -> new name of every returned node the rewrite replaced."""
     return {
         old.name: new.name
-        for old, new in zip(_returned(before), _returned(after))
+        for old, new in zip(_returned(before), _returned(after), strict=True)
         if isinstance(old, torch.fx.Node)
         and isinstance(new, torch.fx.Node)
         and old.name != new.name
@@ -137,7 +147,10 @@ def _remap_signature(
             f"the rewritten graph returns {len(returned)} values where the program's signature "
             f"has {len(signature.output_specs)} outputs"
         )
-    specs = [_remap_output(spec, value) for spec, value in zip(signature.output_specs, returned)]
+    specs = [
+        _remap_output(spec, value)
+        for spec, value in zip(signature.output_specs, returned, strict=True)
+    ]
     return ExportGraphSignature(
         input_specs=copy.deepcopy(signature.input_specs), output_specs=specs
     )
@@ -161,7 +174,8 @@ def _remap_module_call_graph(
     Preserved module call signatures (``preserve_module_call_signature``) name nodes inside
     the graph; one the rewrite erased would leave the program unflattenable.
     """
-    entries = copy.deepcopy(program.module_call_graph)
+    with pytree_spec_copies():
+        entries = copy.deepcopy(program.module_call_graph)
     present = {node.name for node in graph.nodes}
     for entry in entries:
         if entry.signature is None:

@@ -34,6 +34,7 @@ from fxviews.exporting import rewrite_exported
 from fxviews.passes import FxViewsError, Geometry
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.as_strided_calls import bind_as_strided
+from fxviews.passes.graph_edits import pytree_spec_copies
 from fxviews.passes.torch_internals import make_contiguous_strides_for
 
 __all__ = ["export_onnx"]
@@ -81,10 +82,14 @@ def export_onnx(
     onnx_options.setdefault("verbose", False)
     table = onnx_options.pop("custom_translation_table", None) or {}
     table = {aten.as_strided_scatter.default: _as_strided_scatter_onnx, **table}
-    onnx_program = torch.onnx.export(
-        rewritten, dynamo=True, custom_translation_table=table, **onnx_options
-    )
-    for node in onnx_program.exported_program.graph.nodes:
+    with pytree_spec_copies():  # the exporter decomposes the program, copying pytree specs
+        onnx_program = torch.onnx.export(
+            rewritten, dynamo=True, custom_translation_table=table, **onnx_options
+        )
+    translated = None if onnx_program is None else onnx_program.exported_program
+    if translated is None:  # dynamo=True always returns a program that keeps it
+        raise FxViewsError("torch.onnx.export returned no exported program to check")
+    for node in translated.graph.nodes:
         if node.target in (aten.as_strided.default, aten.as_strided_scatter.default):
             _check_onnx_exact(node)
     return onnx_program
@@ -142,7 +147,7 @@ def _check_onnx_exact(node: torch.fx.Node) -> None:
     expected = make_contiguous_strides_for(val.shape)
     contiguous = statically_known_true(val.storage_offset() == 0) and all(
         statically_known_true(size == 1) or statically_known_true(stride == want)
-        for size, stride, want in zip(val.shape, val.stride(), expected)
+        for size, stride, want in zip(val.shape, val.stride(), expected, strict=True)
     )
     if not contiguous:
         raise FxViewsError(
@@ -174,8 +179,10 @@ def _as_strided_scatter_onnx(
 
     addresses = Geometry(tuple(size), tuple(stride), storage_offset or 0).addresses()
     indices = np.fromiter(addresses, dtype=np.int64).reshape(-1, 1)
-    flat = op.Constant(value_ints=[-1])
-    scattered = op.ScatterND(
-        op.Reshape(self, flat), op.Constant(value=ir.tensor(indices)), op.Reshape(src, flat)
-    )
+    # Any: onnxscript's opset stubs type each value by its ONNX dtype and want onnx's own
+    # TensorProto, where a translation function builds values at export time from onnx_ir.
+    flat: Any = op.Constant(value_ints=[-1])
+    tensor: Any = ir.tensor(indices)
+    where: Any = op.Constant(value=tensor)
+    scattered = op.ScatterND(op.Reshape(self, flat), where, op.Reshape(src, flat))
     return op.Reshape(scattered, op.Shape(self))

@@ -20,20 +20,17 @@ import logging
 import os
 import re
 import sys
-import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
 from tabulate import tabulate
 
-from fxviews.passes import METHODS, Record
-
-if TYPE_CHECKING:
-    from fxviews.rewriting import RewriteResult
+from fxviews.passes import METHODS, Record, RecordKind
 
 __all__ = [
     "DEBUG_ENV",
+    "Rewrite",
     "debug_enabled",
     "format_diff",
     "format_result",
@@ -66,7 +63,26 @@ _BREAK = re.compile(r"[^\s,(]*(?:,\s*|\(|\s+|$)")
 _FREE_SUFFIX = re.compile(r";\s+(?:[A-Za-z_]\w*\s*=\s*)+None\s*$")
 
 
-def format_result(result: RewriteResult, *, width: int = DEFAULT_WIDTH, diff: bool = True) -> str:
+class Rewrite(Protocol):
+    """What the printouts read of a rewrite; :class:`fxviews.RewriteResult` is one.
+
+    A protocol, not the class itself, so that this module does not import
+    :mod:`fxviews.rewriting`, which imports it to print its results.
+    """
+
+    records: list[Record]
+    view_records: list[Record]
+    pin_records: list[Record]
+    modified: bool
+    seconds: float
+    traced_with: str | None
+    code_before: str
+
+    @property
+    def code_after(self) -> str: ...
+
+
+def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = True) -> str:
     """The full printout of a :class:`~fxviews.RewriteResult`: table, summary line, code diff.
 
     Every line fits in ``width`` columns, 60 or more (long cells and long code lines are
@@ -109,11 +125,11 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
     reserve = min(reason, _REASON_RESERVE)
     code = _fit_columns([before, after], minimums[1:3], budget - node - method - reserve)
     widths = [node, *code, method, max(budget - node - method - sum(code), minimums[4])]
-    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths)] for row in rows]
+    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths, strict=True)] for row in rows]
     return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
 
 
-def format_summary(result: RewriteResult) -> str:
+def format_summary(result: Rewrite) -> str:
     """One line: per kind of node, how many were rewritten (by method) and kept; the time.
 
     Example::
@@ -122,27 +138,21 @@ def format_summary(result: RewriteResult) -> str:
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
-    # Pinning's records name the layout-bound node; "layout-bound" keeps them apart from the
-    # reshape step's records of the same views.
-    records = [
-        *((r, "") for r in [*result.records, *result.view_records]),
-        *((r, "layout-bound ") for r in result.pin_records),
-    ]
+    records = [*result.records, *result.view_records, *result.pin_records]
     if not records:
         changed = "graph cleaned up" if result.modified else "graph unchanged"
         return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
-    # Records are per node of the kinds the engine rewrites (as_strided, view, ...); `before`
-    # starts with the node's op.
-    by_kind: dict[str, Counter[str]] = {}
-    for record, prefix in records:
-        kind = prefix + (record.before.split("(", 1)[0] or "node")
-        by_kind.setdefault(kind, Counter())[record.method] += 1
+    by_kind: dict[RecordKind, Counter[str]] = {kind: Counter() for kind in RecordKind}
+    for record in records:
+        by_kind[record.kind][record.method] += 1
     parts = []
     for kind, counts in by_kind.items():
+        if not counts:
+            continue
         kept = counts.pop("kept", 0)
         by_method = ", ".join(f"{m} {counts[m]}" for m in METHODS if counts.get(m))
         detail = f" ({by_method})" if by_method else ""
-        parts.append(f"{kind} {sum(counts.values())} rewritten{detail}, {kept} kept")
+        parts.append(f"{kind.value} {sum(counts.values())} rewritten{detail}, {kept} kept")
     return "fxviews: " + "; ".join(parts) + f"; {elapsed}"
 
 
@@ -167,7 +177,7 @@ def format_diff(
     lines = list(difflib.unified_diff(before, after, "before", "after", n=context, lineterm=""))
     if not lines:
         return "(graph code unchanged)"
-    out = []
+    out: list[str] = []
     for line in lines:
         out.extend(_fold_diff_line(line, width))
     return "\n".join(out)
@@ -182,7 +192,7 @@ def debug_enabled() -> bool:
 
 
 def report_rewrite(
-    result: RewriteResult,
+    result: Rewrite,
     *,
     source: str,
     stream: TextIO | None = None,
@@ -252,8 +262,10 @@ def _wrap_cell(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def _wrap_tokens(line: str, width: int) -> list[str]:
-    # Greedy filling by tokens; a token is split only when it alone is wider than the column.
+def _wrap_tokens(line: str, width: int, indent: str = "") -> list[str]:
+    """``line`` in lines of at most ``width``, broken at token boundaries (see _BREAK); lines
+    after the first start with ``indent`` (shorter than ``width``)."""
+    # Greedy filling by tokens; a token is split only when it alone is wider than a line.
     lines: list[str] = []
     current = ""
     for token in _BREAK.findall(line):
@@ -262,10 +274,12 @@ def _wrap_tokens(line: str, width: int) -> list[str]:
             continue
         if current.strip():
             lines.append(current.rstrip())
-        current = token.lstrip()
+            current = indent + token.lstrip()
+        else:  # only leading space so far: the token starts the line
+            current += token
         while len(current.rstrip()) > width:
             lines.append(current[:width])
-            current = current[width:]
+            current = indent + current[width:]
     return [*lines, current.rstrip()] if current.strip() or not lines else lines
 
 
@@ -279,8 +293,6 @@ def _fold_diff_line(line: str, width: int) -> Iterable[str]:
     marker, body = line[:1], line[1:]
     indent = len(body) - len(body.lstrip())
     # Continuations keep the marker (the printout still reads as a diff) and indent four
-    # columns past the line they continue, like hand-wrapped Python.
-    pieces = textwrap.wrap(
-        body, width - 1, subsequent_indent=" " * (indent + 4), break_on_hyphens=False
-    )
-    return [marker + piece for piece in pieces]
+    # columns past the line they continue, like hand-wrapped Python (at most half the line).
+    continuation = " " * min(indent + 4, (width - 1) // 2)
+    return [marker + piece for piece in _wrap_tokens(body, width - 1, continuation)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,12 +13,15 @@ from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
     Record,
+    RecordedPassResult,
     ViewToReshape,
     drop_redundant_aliases,
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
+from fxviews.passes.graph_edits import copy_graph
 from fxviews.passes.torch_internals import LazyGraphModule
+from fxviews.printouts import format_result, format_summary
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
 TRACED_WITH = "fxviews_traced_with"
@@ -54,13 +56,9 @@ class RewriteResult:
 
     def __repr__(self) -> str:
         # What a REPL shows: the summary line, not a dataclass dump of graphs and code.
-        from fxviews.printouts import format_summary
-
         return f"<RewriteResult {format_summary(self)}; print() it for the table and diff>"
 
     def __str__(self) -> str:
-        from fxviews.printouts import format_result
-
         return format_result(self)
 
 
@@ -104,7 +102,7 @@ def rewrite(
     # returned is built over it once they are done: one copy and one code generation in all.
     # The caller's graph stays as it was, while parameters, buffers and tensor constants stay
     # shared (gradients still reach them).
-    work = LazyGraphModule(gm, copy.deepcopy(gm.graph))
+    work = LazyGraphModule(gm, copy_graph(gm.graph))
     work.meta = dict(gm.meta)
     result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
     own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
@@ -145,26 +143,23 @@ def _rewrite_steps(
     """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
     start = time.perf_counter()
     # Each step edits the graph; the module is recompiled once, after the last one.
-    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)
-    modified = engine(gm).modified
+    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
-    reshaper = ViewToReshape(recompile=False)
-    if reshape_views:
-        modified = reshaper(gm).modified or modified
-    pinner = LayoutPinning(recompile=False)
-    if pin_layouts:
-        modified = pinner(gm).modified or modified
+    skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records
+    reshaped = ViewToReshape(recompile=False)(gm) if reshape_views else skipped
+    pinned = LayoutPinning(recompile=False)(gm) if pin_layouts else skipped
+    modified = engine.modified or reshaped.modified or pinned.modified
     modified = remove_dead_pure_nodes(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
     if modified:
         gm.recompile()
     return RewriteResult(
         graph_module=gm,
-        records=list(engine.records),
+        records=engine.records,
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
-        view_records=credit_engine(reshaper.records, made),
-        pin_records=credit_engine(pinner.records, made),
+        view_records=credit_engine(reshaped.records, made),
+        pin_records=credit_engine(pinned.records, made),
         traced_with=gm.meta.get(TRACED_WITH),
     )

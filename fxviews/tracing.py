@@ -36,7 +36,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -470,7 +470,10 @@ def _cuda_devices(args: Sequence[Any]) -> list[int]:
 
 
 def _make_fx_guarded(
-    call: Callable[..., Any], args: list[Any], tracing_mode: str, guard: _TraceGuard
+    call: Callable[..., Any],
+    args: list[Any],
+    tracing_mode: Literal["real", "fake"],
+    guard: _TraceGuard,
 ) -> torch.fx.GraphModule:
     """make_fx ``call`` with ``guard`` active inside it; foreign writes undone in any case."""
 
@@ -504,7 +507,9 @@ class _TraceGuard(TorchDispatchMode):
         self._own(inputs)
         self._saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         # In-place metadata changes (t_, squeeze_, as_strided_) of foreign tensors, by tensor.
-        self._layouts: dict[int, tuple[torch.Tensor, torch.Size, tuple[int, ...], int]] = {}
+        self._layouts: dict[
+            int, tuple[torch.Tensor, torch.Size, tuple[int, ...], int | torch.SymInt]
+        ] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -567,7 +572,7 @@ def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     if not isinstance(func, OpOverload):
         return []
     schema = op_schema(func)
-    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound = dict(zip((a.name for a in schema.arguments), args, strict=False))  # defaults
     bound.update(kwargs)
     written = []
     for argument in schema.arguments:

@@ -1,6 +1,10 @@
 """fxviews.passes: the engine. Graph in, graph out; imports nothing from the front door.
 
-This directory sits at the top of the repository and is installed as ``fxviews.passes``.
+This directory sits at the top of the repository; ``fxviews/passes`` is a symbolic link to it,
+so it is the package ``fxviews.passes`` installed, in a source tree and for type checkers.
+Each pass (:class:`AsStridedToViews`, :class:`ViewToReshape`, :class:`LayoutPinning`) is a
+torch.fx pass returning a :class:`RecordedPassResult`: the graph, whether it changed, and one
+:class:`Record` per node it handled.
 """
 
 from .as_strided_to_views import AsStridedToViews
@@ -8,7 +12,7 @@ from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
 from .hygiene import drop_redundant_aliases, remove_dead_pure_nodes
 from .pinning import LAYOUT_KERNELS, LayoutPinning
-from .records import METHODS, Record
+from .records import METHODS, Record, RecordedPassResult, RecordingPass, RecordKind
 from .view_to_reshape import ViewToReshape
 
 __all__ = [
@@ -19,6 +23,9 @@ __all__ = [
     "LayoutPinning",
     "METHODS",
     "Record",
+    "RecordKind",
+    "RecordedPassResult",
+    "RecordingPass",
     "UnsafeAsStridedError",
     "ViewToReshape",
     "drop_redundant_aliases",

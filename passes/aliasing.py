@@ -158,8 +158,11 @@ def is_opaque(node: torch.fx.Node) -> bool:
 
 def _bound_arguments(node: torch.fx.Node) -> list[tuple[SchemaArgument, object]]:
     """(schema argument, value) pairs of an aten call, positional and keyword alike."""
-    by_name = arguments_by_name(node, node.target)
-    return [(a, by_name[a.name]) for a in op_schema(node.target).arguments if a.name in by_name]
+    op = node.target
+    if not isinstance(op, OpOverload):  # callers ask only about aten calls (not is_opaque)
+        raise TypeError(f"node {node.name!r} is not an aten call: {op!r}")
+    by_name = arguments_by_name(node, op)
+    return [(a, by_name[a.name]) for a in op_schema(op).arguments if a.name in by_name]
 
 
 def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -40,13 +40,14 @@ Cost: one pass to build the view index, then O(dims^2) per as_strided node: line
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import sympy
 import torch
 import torch.fx
 
@@ -57,18 +58,32 @@ from .chain_emission import GraphEmitter
 from .chain_verification import verify_chain
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer, describe_call
+from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call
 from .op_tables import METADATA_MUTATIONS
 from .provenance import ViewIndex, node_geometry
-from .records import Record
-from .scatter import base_geometries, base_view_step, build_scatter, has_scatter_form
+from .records import Record, RecordedPassResult, RecordingPass, RecordKind
+from .scatter import (
+    base_geometries,
+    base_view_step,
+    build_scatter,
+    has_scatter_form,
+    symbolic_base_geometries,
+    symbolic_base_view_step,
+)
+from .symbolic_geometry import (
+    ShapeFacts,
+    SymbolicGeometry,
+    Unproven,
+    equivalent_symbolic,
+    is_one_to_one_symbolic,
+)
+from .symbolic_synthesis import synthesize_symbolic
+from .symbolic_verification import apply_symbolic, verify_symbolic_chain
 from .synthesis import synthesize
 from .torch_internals import (
     FakeTensorMode,
     LazyGraphModule,
     OpOverload,
-    PassBase,
-    PassResult,
     disable_current_modes,
     graph_pytree_info,
 )
@@ -106,8 +121,21 @@ class _GraphContext:
 
 
 @dataclass(frozen=True)
+class _Symbolic:
+    """The geometries of a call whose sizes are symbolic, and what the ShapeEnv knows."""
+
+    facts: ShapeFacts
+    source: SymbolicGeometry
+    target: SymbolicGeometry
+
+
+@dataclass(frozen=True)
 class _Call:
-    """An as_strided-family node, its parsed arguments and geometries."""
+    """An as_strided-family node, its parsed arguments and geometries.
+
+    With symbolic shapes, ``symbolic`` holds the geometries for every size, and
+    ``source_geometry``/``target`` are those at the trace-time sizes (the hints).
+    """
 
     node: torch.fx.Node
     op: OpOverload  # the aten op, however the node spells it
@@ -115,25 +143,32 @@ class _Call:
     src: torch.fx.Node | None  # the values scattered, for as_strided_scatter
     source_geometry: Geometry
     target: Geometry
+    symbolic: _Symbolic | None = None
 
     def describe(self) -> str:
         src = [] if self.src is None else [self.src]
-        t = self.target
+        t = self.target if self.symbolic is None else self.symbolic.target
         args = [self.source, *src, list(t.sizes), list(t.strides), t.offset]
         return describe_call(self.op, args)
 
+    def verifies(self, chain: ViewChain) -> bool:
+        """Whether ``chain`` gives the target from the input, at every size if symbolic."""
+        if self.symbolic is None:
+            return verify_chain(chain, self.source_geometry, self.target)
+        sym = self.symbolic
+        return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
-class AsStridedToViews(PassBase):
+
+class AsStridedToViews(RecordingPass):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
 
-    After a call, ``records`` holds one :class:`Record` per as_strided node seen.
+    Its result's ``records`` hold one :class:`Record` per as_strided node seen.
     ``recompile=False`` leaves ``graph_module.recompile()`` to the caller.
 
     Example::
 
-        >>> engine = AsStridedToViews()
-        >>> result = engine(gm)           # PassResult(graph_module, modified)
-        >>> [r.method for r in engine.records]
+        >>> result = AsStridedToViews()(gm)   # RecordedPassResult(graph_module, modified)
+        >>> [r.method for r in result.records]
         ['provenance']
     """
 
@@ -143,66 +178,72 @@ class AsStridedToViews(PassBase):
         example_inputs: Sequence[Any] | None = None,
         recompile: bool = True,
     ) -> None:
-        super().__init__()
-        self.strict = strict
-        self.example_inputs = example_inputs
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
-        self.recompile = recompile
-        self.records: list[Record] = []
+        super().__init__(recompile)
+        self.strict = strict
+        self.example_inputs = example_inputs
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        self.records = []
+    def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         _check_example_inputs(graph_module, self.example_inputs)
         if not any(_is_as_strided(n) for n in graph_module.graph.nodes):
-            return PassResult(graph_module, False)
+            return RecordedPassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
         # (e.g. rewrite called inside make_fx) must neither record nor intercept them.
         with disable_current_modes():
             if not self.strict:
-                modified = self._rewrite_all(graph_module)
+                modified, records = self._rewrite_all(graph_module)
                 if modified and self.recompile:
                     graph_module.recompile()
-                return PassResult(graph_module, modified)
+                return RecordedPassResult(graph_module, modified, records)
             # Atomic: the copy absorbs every edit until the last node is known to be rewritten.
-            work = LazyGraphModule(graph_module, copy.deepcopy(graph_module.graph))
-            modified = self._rewrite_all(work)
+            work = LazyGraphModule(graph_module, copy_graph(graph_module.graph))
+            modified, records = self._rewrite_all(work)
             if modified:
                 graph_module.graph = work.graph  # the setter also recompiles
-            return PassResult(graph_module, modified)
+            return RecordedPassResult(graph_module, modified, records)
 
-    def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> bool:
-        """Rewrite every as_strided node of ``graph_module`` in place; whether any changed."""
+    def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> tuple[bool, list[Record]]:
+        """Rewrite every as_strided node of ``graph_module`` in place: whether any changed, and
+        one record per node."""
         graph = graph_module.graph
         nodes = [n for n in graph.nodes if _is_as_strided(n)]
         _ensure_metadata(graph_module, nodes, self.example_inputs)
+        facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
+        if facts is not None:
+            facts.bind_size_inputs(graph)
         context = _GraphContext(
             graph=graph,
-            index=ViewIndex(graph),
+            index=ViewIndex(graph, facts),
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
             layout_mutators={},
         )
-        modified = False
+        records = []
         for node in nodes:
             record = self._rewrite_node(node, context)
-            self.records.append(record)
+            records.append(record)
             if record.method == "kept" and self.strict:
                 raise UnsafeAsStridedError(record.node, requested_geometry(node), record.reason)
-            modified = modified or record.method != "kept"
         for replaced in context.replacer.finish():
             graph.erase_node(replaced)
+        modified = any(r.method != "kept" for r in records)
         if modified:
             graph.lint()
-        return modified
+        return modified, records
 
     def _rewrite_node(self, node: torch.fx.Node, context: _GraphContext) -> Record:
-        call, problem = _parse(node)
+        call, problem = _parse(node, context.index.facts)
         if call is None:
-            name = as_strided_op(node).__name__.split(".")[0]
-            arguments = ", ".join(map(str, (*node.args, *node.kwargs.values())))
-            return Record(node.name, f"{name}({arguments})", "", "kept", problem)
+            before = describe_call(as_strided_op(node) or node.target, node.args, node.kwargs)
+            return Record(node.name, before, "", "kept", problem, kind=RecordKind.AS_STRIDED)
         graph, position = context.graph, context.position
+        if call.symbolic is not None and call.op in _STATIC_ONLY:
+            return _kept(
+                call,
+                f"{call.op.__name__.split('.')[0]} with symbolic sizes is not rewritten "
+                "(only as_strided and as_strided_copy are, for every size)",
+            )
         if call.op is aten.as_strided_.default:
             later = [u for u in call.source.users if position[u] > position[node]]
             if later:
@@ -227,7 +268,7 @@ class AsStridedToViews(PassBase):
                 "its trace-time layout is ambiguous",
             )
         for method, chain in _candidates(call, context.index):
-            if not verify_chain(chain, call.source_geometry, call.target):
+            if not call.verifies(chain):
                 continue
             emitted = _emit(graph, call, chain)
             if emitted is None:
@@ -236,7 +277,8 @@ class AsStridedToViews(PassBase):
             context.replacer.replace(node, out)
             if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
-            return Record(node.name, call.describe(), after, method, _REASONS[method])
+            reason = _REASONS[method]
+            return _record(call, after, method, reason)
         return _kept(call, _why_kept(call))
 
 
@@ -277,8 +319,14 @@ def _is_as_strided(node: torch.fx.Node) -> bool:
     return as_strided_op(node) is not None
 
 
+def _record(call: _Call, after: str, method: str, reason: str) -> Record:
+    return Record(
+        call.node.name, call.describe(), after, method, reason, kind=RecordKind.AS_STRIDED
+    )
+
+
 def _kept(call: _Call, reason: str) -> Record:
-    return Record(call.node.name, call.describe(), "", "kept", reason)
+    return _record(call, "", "kept", reason)
 
 
 def _check_example_inputs(gm: torch.fx.GraphModule, example_inputs: object) -> None:
@@ -331,7 +379,7 @@ def _ensure_metadata(
     A value with symbolic sizes is metadata too: such nodes are kept later, with that reason.
     """
 
-    def missing() -> torch.fx.Node | None:
+    def missing() -> object:
         return next((n.args[0] for n in nodes if not _has_tensor_value(n.args[0])), None)
 
     node = missing()
@@ -383,21 +431,46 @@ def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
     return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
 
 
-def _parse(node: torch.fx.Node) -> tuple[_Call | None, str]:
+def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None, str]:
     kwargs = bind_as_strided(node)
     source, src = kwargs["self"], kwargs.get("src")
+    op = as_strided_op(node)
+    assert op is not None
     source_geometry = node_geometry(source)
-    if source_geometry is None:
-        return None, "the input's trace-time layout is symbolic (dynamic shapes) or not strided"
     sizes, strides, offset = requested_geometry(node)
-    if not all(type(v) is int for v in (*sizes, *strides, offset)):
-        return None, "symbolic sizes, strides or offset"
-    target = Geometry(sizes, strides, offset)
-    return _Call(node, as_strided_op(node), source, src, source_geometry, target), ""
+    values = (*sizes, *strides, offset)
+    if source_geometry is not None and all(type(v) is int for v in values):
+        ints = cast(tuple[int, ...], values)
+        target = Geometry(ints[: len(sizes)], ints[len(sizes) : -1], ints[-1])
+        return _Call(node, op, source, src, source_geometry, target), ""
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if facts is None or not isinstance(val, torch.Tensor):
+        return None, "the input's trace-time layout is not strided, or its sizes are unknown"
+    try:
+        sym_source = SymbolicGeometry.of(val, facts)
+        sym_offset = sym_source.offset if offset is None else offset
+        sym_target = SymbolicGeometry.from_values(sizes, strides, sym_offset, facts)
+    except (Unproven, RuntimeError) as err:  # RuntimeError: a layout without strides
+        return None, f"the geometry cannot be read as sizes of the graph's shape environment: {err}"
+    hint_source, hint_target = (g.at(facts.hints) for g in (sym_source, sym_target))
+    if hint_source is None or hint_target is None:
+        return None, "symbolic geometry whose symbols have no trace-time values"
+    if sym_source.is_static() and sym_target.is_static():
+        # SymInts pinned by guards (Eq(s26, 9)) are ints.
+        return _Call(node, op, source, src, hint_source, hint_target), ""
+    symbolic = _Symbolic(facts, sym_source, sym_target)
+    return _Call(node, op, source, src, hint_source, hint_target, symbolic), ""
+
+
+#: Variants rewritten only for static shapes.
+_STATIC_ONLY = (aten.as_strided_.default,)
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
     """Candidate chains, best first; each is verified by the caller. Lazily computed."""
+    if call.symbolic is not None:
+        yield from _symbolic_candidates(call, call.symbolic, index)
+        return
     source, target = call.source_geometry, call.target
     if equivalent(source, target):
         yield "identity", ()
@@ -409,6 +482,28 @@ def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]
         if relative is not None:
             yield "scatter", (base_view_step(base), *relative)
     chain = synthesize(source, target)
+    if chain is not None:
+        yield "synthesized", chain
+
+
+def _symbolic_candidates(
+    call: _Call, sym: _Symbolic, index: ViewIndex
+) -> Iterator[tuple[str, ViewChain]]:
+    """Candidates for every size: the input itself, the graph's own chain, one relative to
+    the dense base of a flat buffer, a synthesized one."""
+    if equivalent_symbolic(sym.source, sym.target, sym.facts):
+        yield "identity", ()
+    chain = index.lookup_symbolic(sym.source, sym.target)
+    if chain is not None:
+        yield "provenance", chain
+    for base in symbolic_base_geometries(call.source, sym.source, sym.facts):
+        step = symbolic_base_view_step(base, sym.facts)
+        relative = index.lookup_symbolic(base, sym.target) or synthesize_symbolic(
+            base, sym.target, sym.facts
+        )
+        if step is not None and relative is not None:
+            yield "scatter", (step, *relative)
+    chain = synthesize_symbolic(sym.source, sym.target, sym.facts)
     if chain is not None:
         yield "synthesized", chain
 
@@ -426,12 +521,16 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
             return None
         described = f"scatter into {described}"
     if op is aten.as_strided_copy.default:
-        if not call.node.meta["val"].is_contiguous():
+        if not _output_is_contiguous(call):
             return None
         described = f"clone({described})"
     emitter = GraphEmitter(graph, call.node)
     try:
-        with graph.inserting_before(call.node):
+        # The new nodes' fake values may ask the ShapeEnv what the proof already settled; the
+        # graph's ShapeEnv is the caller's, and it gets no guard from us. Their metadata is
+        # then checked against the node's for every size (_same_metadata).
+        quiet = contextlib.nullcontext() if call.symbolic is None else call.symbolic.facts.quiet()
+        with graph.inserting_before(call.node), quiet:
             out = _build(emitter, call, chain)
     except RuntimeError as err:  # a verified chain whose nodes' fake metadata cannot be computed
         log.debug("%s: dropped candidate %s: %s", call.node.name, described, err)
@@ -439,14 +538,11 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         return None
     # Later nodes read the replacement's metadata as the layout they were traced against: it
     # must be the node's own, whatever the fake kernels computed.
-    emitted, original = node_geometry(out), node_geometry(call.node)
-    if emitted is None or original is None or not equivalent(emitted, original):
+    if not _same_metadata(call, out):
         log.debug(
-            "%s: dropped candidate %s: its metadata says %s, the node's %s",
+            "%s: dropped candidate %s: its metadata differs from the node's",
             call.node.name,
             described,
-            emitted,
-            original,
         )
         _erase_dead(graph, emitter.created)
         return None
@@ -455,6 +551,37 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         if made is out or made.users:  # not erased: later steps must not take it for the user's
             made.meta[MADE_FOR] = call.node.name
     return described, out
+
+
+def _output_is_contiguous(call: _Call) -> bool:
+    val = call.node.meta["val"]
+    if call.symbolic is None:
+        return bool(val.is_contiguous())
+    facts = call.symbolic.facts
+    out = SymbolicGeometry.of(val, facts)
+    expected = sympy.Integer(1)
+    for size, stride in reversed(list(zip(out.sizes, out.strides, strict=True))):
+        if not (facts.equal(size, 1) or facts.equal(stride, expected)):
+            return False
+        expected = expected * size
+    return True
+
+
+def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
+    """Whether the replacement's recorded layout is the node's own (for every size)."""
+    emitted, original = node_geometry(out), node_geometry(call.node)
+    if emitted is not None and original is not None:
+        return equivalent(emitted, original)
+    # Symbolic metadata, or SymInts a guard pinned (a static call in a dynamic graph).
+    facts = call.symbolic.facts if call.symbolic is not None else ShapeFacts.of([out, call.node])
+    if facts is None:
+        return False
+    try:
+        made = SymbolicGeometry.of(out.meta["val"], facts)
+        recorded = SymbolicGeometry.of(call.node.meta["val"], facts)
+    except Unproven:
+        return False
+    return equivalent_symbolic(made, recorded, facts)
 
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
@@ -489,6 +616,8 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
     """
     src_geometry = node_geometry(call.src)
     written = node_geometry(call.node)
+    if call.symbolic is not None:
+        return _symbolic_scatter_matches(call, call.symbolic, chain)
     if src_geometry is None or written is None or not is_one_to_one(written):
         return False
     if not verify_chain(chain, written, call.target):
@@ -503,7 +632,65 @@ def _scatter_matches(call: _Call, chain: ViewChain) -> bool:
     return equivalent(Geometry.of(out), written)
 
 
+#: Steps of a region chain whose scatter form needs no size: the nested ``*_scatter`` ops and
+#: the permutations that undo themselves (``view`` would need the base's symbolic sizes).
+_SYMBOLIC_SCATTER_STEPS = frozenset(
+    {
+        aten.select.int,
+        aten.slice.Tensor,
+        aten.diagonal.default,
+        aten.permute.default,
+        aten.t.default,
+        aten.transpose.int,
+        aten.alias.default,
+        aten.view.default,  # only to unflatten a 1-D buffer: undone by view(..., [-1])
+    }
+)
+
+
+def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> bool:
+    """:func:`_scatter_matches` for every size: the output layout is proven one-to-one, the
+    chain proven to select the target from it, and ``src`` proven to have the target's sizes.
+    That the scatter form gives the node's output layout is checked on the emitted nodes'
+    metadata, for every size (:func:`_same_metadata`)."""
+    if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
+        return False
+    facts = sym.facts
+    if not _views_unflatten_flat_buffers(chain, sym.source, facts):
+        return False
+    try:
+        written = SymbolicGeometry.of(call.node.meta["val"], facts)
+        src = SymbolicGeometry.of(call.src.meta["val"], facts)
+    except (Unproven, KeyError, AttributeError):  # no fake value, or another ShapeEnv's
+        return False
+    if not is_one_to_one_symbolic(written, facts):
+        return False
+    if not verify_symbolic_chain(chain, written, sym.target, facts):
+        return False
+    return src.ndim == sym.target.ndim and all(
+        facts.equal(a, b) for a, b in zip(src.sizes, sym.target.sizes, strict=True)
+    )
+
+
+def _views_unflatten_flat_buffers(
+    chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts
+) -> bool:
+    """Whether every ``view`` in ``chain`` applies to a 1-D tensor: the scatter form undoes
+    it with ``view(..., [-1])``, which needs no symbolic size."""
+    geometry = source
+    for step in chain:
+        if step.op is aten.view.default and geometry.ndim != 1:
+            return False
+        try:
+            geometry = apply_symbolic((step,), geometry, facts)
+        except Unproven:
+            return False
+    return True
+
+
 def _why_kept(call: _Call) -> str:
+    if call.symbolic is not None:
+        return _why_kept_symbolic(call, call.symbolic)
     if call.op is aten.as_strided_scatter.default:
         chain = synthesize(call.source_geometry, call.target)
         if chain is not None:
@@ -523,4 +710,24 @@ def _why_kept(call: _Call) -> str:
     return (
         f"no chain of view ops gives this geometry from its input ({call.source_geometry}); "
         "it may be safe but has no view form"
+    )
+
+
+def _why_kept_symbolic(call: _Call, sym: _Symbolic) -> str:
+    """Why no chain holds for every size: the step the proof fails at, or the hint's reason."""
+    at_hint = synthesize(call.source_geometry, call.target)
+    if at_hint is None:
+        static = dataclasses.replace(call, symbolic=None)
+        return f"at the trace-time sizes: {_why_kept(static)}"
+    generalized = synthesize_symbolic(sym.source, sym.target, sym.facts)
+    chain = at_hint if generalized is None else generalized
+    try:
+        apply_symbolic(chain, sym.source, sym.facts)
+        failure = "its result is not proven equal to the target for every size"
+    except Unproven as err:
+        failure = str(err)
+    return (
+        f"symbolic geometry (input {sym.source}): {describe_chain(at_hint, call.source.name)} "
+        f"gives it at the trace-time sizes, but no view chain is proven to for every size the "
+        f"symbols may take ({failure})"
     )

@@ -64,14 +64,15 @@ def replayable_step(node: torch.fx.Node) -> ViewStep | None:
     """The step ``node`` performs on its first argument, if it is a replayable view."""
     if node.op != "call_function" or not node.args or node.kwargs:
         return None
-    if node.target not in LAYOUT_VIEWS:
+    target = node.target
+    if not callable(target) or target not in LAYOUT_VIEWS:
         return None
     rest = node.args[1:]
     if argument_nodes(rest):
         return None
-    if node.target is operator.getitem and not _picks_from_views(node.args[0]):
+    if target is operator.getitem and not _picks_from_views(node.args[0]):
         return None
-    return ViewStep(node.target, tuple(rest))
+    return ViewStep(target, tuple(rest))
 
 
 def _picks_from_views(parent: Any) -> bool:
@@ -83,5 +84,6 @@ def _picks_from_views(parent: Any) -> bool:
         isinstance(parent, torch.fx.Node)
         and isinstance(parent.meta.get("val"), (list, tuple))
         and parent.op == "call_function"
+        and callable(parent.target)
         and is_view_op(parent.target)
     )

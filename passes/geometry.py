@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -64,8 +65,11 @@ class Geometry:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> Geometry:
-        """The geometry of ``tensor`` (a real, fake or meta tensor)."""
-        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+        """The geometry of ``tensor`` (a real, fake or meta tensor).
+
+        A tensor with symbolic shapes gives SymInts, which callers that need ints reject.
+        """
+        return cls(tuple(tensor.shape), tuple(tensor.stride()), cast(int, tensor.storage_offset()))
 
     @property
     def ndim(self) -> int:
@@ -80,7 +84,7 @@ class Geometry:
 
     def bounds(self) -> tuple[int, int]:
         """Lowest and highest address touched (strides are never negative in PyTorch)."""
-        high = self.offset + sum((s - 1) * t for s, t in zip(self.sizes, self.strides))
+        high = self.offset + sum((s - 1) * t for s, t in zip(self.sizes, self.strides, strict=True))
         return self.offset, high
 
     def storage_extent(self) -> int:
@@ -89,7 +93,7 @@ class Geometry:
 
     def key(self) -> tuple:
         """A hashable form under which equivalent geometries are equal (see :func:`equivalent`)."""
-        strides = tuple(t if s > 1 else 0 for s, t in zip(self.sizes, self.strides))
+        strides = tuple(t if s > 1 else 0 for s, t in zip(self.sizes, self.strides, strict=True))
         return (self.sizes, strides, self.offset if self.numel else 0)
 
     def meta_tensor(self) -> torch.Tensor:
@@ -124,7 +128,7 @@ def is_one_to_one(geometry: Geometry) -> bool:
         (True, False)
     """
     reach = 0
-    walking = sorted((t, s) for s, t in zip(geometry.sizes, geometry.strides) if s > 1)
+    walking = sorted((t, s) for s, t in zip(geometry.sizes, geometry.strides, strict=True) if s > 1)
     for stride, size in walking:
         if stride <= reach:
             return False
@@ -164,11 +168,19 @@ class Embedding:
 
 def active_target_dims(target: Geometry) -> list[int]:
     """Target dims that walk memory: size > 1 and stride > 0."""
-    return [j for j, (s, t) in enumerate(zip(target.sizes, target.strides)) if s > 1 and t > 0]
+    return [
+        j
+        for j, (s, t) in enumerate(zip(target.sizes, target.strides, strict=True))
+        if s > 1 and t > 0
+    ]
 
 
 def _initial_groups(source: Geometry) -> tuple[list[Group], tuple[int, ...]]:
-    active = [i for i, (s, t) in enumerate(zip(source.sizes, source.strides)) if s > 1 and t > 0]
+    active = [
+        i
+        for i, (s, t) in enumerate(zip(source.sizes, source.strides, strict=True))
+        if s > 1 and t > 0
+    ]
     active.sort(key=lambda i: (-source.strides[i], i))
     dropped = tuple(i for i in range(source.ndim) if i not in active)
     return [Group((i,), source.sizes[i], source.strides[i]) for i in active], dropped

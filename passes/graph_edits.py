@@ -1,15 +1,23 @@
-"""Small graph utilities shared by the passes: reading arguments, linear output replacement."""
+"""Small graph utilities shared by the passes: reading arguments, describing calls for records,
+linear output replacement."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import operator
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
+from .errors import FxViewsError
 from .torch_internals import OpOverload, op_schema
+
+#: What ``Node.target`` holds: the op of a ``call_function``, the name of a method or module.
+Target = Callable[..., Any] | str
 
 # The end aten's slice records for "to the end": `x[1:]` traces to slice(x, 0, 1, 2**63 - 1).
 _SLICE_TO_THE_END = 2**63 - 1
@@ -46,7 +54,35 @@ class OutputDeferringReplacer:
         return list(pending)
 
 
-def argument_nodes(args: object) -> list[torch.fx.Node]:
+def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A deep copy of ``graph`` to edit, without torch's warning about copying pytree specs.
+
+    Example::
+
+        >>> work = torch.fx.GraphModule(gm, copy_graph(gm.graph))
+    """
+    with pytree_spec_copies():
+        return copy.deepcopy(graph)
+
+
+@contextlib.contextmanager
+def pytree_spec_copies() -> Iterator[None]:
+    """Copying torch's own pytree specs, without the deprecation torch warns of for it.
+
+    ``Graph.__deepcopy__`` (for a graph make_fx traced over nested inputs) and
+    ``ExportedProgram.run_decompositions`` deep-copy pytree specs, which goes through a
+    constructor torch deprecates (torch 2.13): a FutureWarning about torch's own code on every
+    copy. Only that exact warning is ignored, and only inside the block.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _TREESPEC_DEPRECATION, FutureWarning)
+        yield
+
+
+_TREESPEC_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+def argument_nodes(args: Any) -> list[torch.fx.Node]:
     """The nodes inside ``args`` (nested lists, tuples and dicts included), in order."""
     found: list[torch.fx.Node] = []
 
@@ -58,32 +94,61 @@ def argument_nodes(args: object) -> list[torch.fx.Node]:
     return found
 
 
-def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, object]:
+def input_node(node: torch.fx.Node) -> torch.fx.Node:
+    """The graph value ``node`` reads first (``node.args[0]``): a view's or a copy's input.
+
+    Example::
+
+        >>> input_node(select_node).name
+        'clone'
+    """
+    source = node.args[0] if node.args else None
+    if not isinstance(source, torch.fx.Node):
+        raise FxViewsError(f"node {node.name!r} reads {source!r}, not a value of its graph")
+    return source
+
+
+def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, Any]:
     """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
-    bound = dict(zip((a.name for a in op_schema(op).arguments), node.args))
+    # strict=False: arguments left to their defaults are not in node.args.
+    names = (a.name for a in op_schema(op).arguments)
+    bound: dict[str, Any] = dict(zip(names, node.args, strict=False))
     bound.update(node.kwargs)
     return bound
 
 
-def op_name(op: Callable[..., Any]) -> str:
+def op_name(op: Target) -> str:
     """An op's short name: ``aten.select.int`` -> ``select``, ``operator.getitem`` -> getitem."""
-    return op.__name__.split(".")[0]
+    return op if isinstance(op, str) else op.__name__.split(".")[0]
 
 
-def describe_call(op: Callable[..., Any], args: Sequence[object]) -> str:
-    """``op(*args)`` as a reader writes it, for records: ``select(clone, 0, 0)``.
+def describe_call(
+    op: Target, args: Sequence[object], kwargs: Mapping[str, object] | None = None
+) -> str:
+    """``op(*args, **kwargs)`` as a reader writes it, for records: ``select(clone, 0, 0)``.
 
-    The one formatter of node descriptions. Nodes show as their names, ``getitem`` as
-    indexing (``split[1]``), and a slice to the end leaves its end out (``slice(x, 0, 1)``, or
-    ``slice(x, 0, 1, None, 2)`` where a step follows).
+    The one formatter of node descriptions. Nodes show as their names (an argument may also
+    be the description of another call), ``getitem`` as indexing (``split[1]``), and a slice to
+    the end leaves its end out (``slice(x, 0, 1)``, or ``slice(x, 0, 1, None, 2)`` where a step
+    follows).
+
+    Example::
+
+        >>> describe_call(aten.clone.default, [x], {"memory_format": torch.contiguous_format})
+        'clone(x, memory_format=torch.contiguous_format)'
     """
-    words = [a.name if isinstance(a, torch.fx.Node) else str(a) for a in args]
+    words = [_word(a) for a in args]
     if op is operator.getitem:
         return f"{words[0]}[{words[1]}]"
     if op is torch.ops.aten.slice.Tensor and len(args) > 3 and _is_to_the_end(args[3]):
         has_step = len(args) > 4 and args[4] != 1
         words[3:] = ["None", words[4]] if has_step else []
+    words += [f"{name}={_word(value)}" for name, value in (kwargs or {}).items()]
     return f"{op_name(op)}({', '.join(words)})"
+
+
+def _word(argument: object) -> str:
+    return argument.name if isinstance(argument, torch.fx.Node) else str(argument)
 
 
 def _is_to_the_end(end: object) -> bool:

@@ -10,7 +10,8 @@ random op advances the generator (dropping it shifts every later random number a
 PyTorch), an in-place op writes memory someone else reads, an assert raises. So a node is
 erased only when it is *provably pure*: an aten-style operator whose schema writes nothing and
 returns something, that is not random (tag ``nondeterministic_seeded``) and that torch does not
-list as side-effectful, or a ``getitem`` on any aten-style operator's tuple of results.
+list as side-effectful, a ``getitem`` on any aten-style operator's tuple of results, or Python
+arithmetic on symbolic sizes (which a rewrite may leave unread).
 Anything else without users (Python functions, methods, modules, higher-order ops) stays: we
 cannot prove it pure. Nodes are visited in reverse, so a chain of dead pure nodes goes in one
 sweep.
@@ -29,6 +30,11 @@ from .torch_internals import OpOverload, is_impure, op_schema
 
 aten = torch.ops.aten
 
+#: Python arithmetic that graphs with symbolic shapes apply to sizes (``sym_size - 2``).
+_SIZE_ARITHMETIC = frozenset(
+    {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg}
+)
+
 
 def is_provably_pure(node: torch.fx.Node) -> bool:
     """Whether ``node`` may be erased when nothing reads it (see Note [Dead code that may go]).
@@ -44,6 +50,8 @@ def is_provably_pure(node: torch.fx.Node) -> bool:
     if target is operator.getitem:  # picking from an operator's tuple of results reads nothing
         parent = node.args[0]
         return isinstance(parent, torch.fx.Node) and isinstance(parent.target, OpOverload)
+    if target in _SIZE_ARITHMETIC:  # a symbolic size computed from others: Python on SymInts
+        return isinstance(node.meta.get("val"), (torch.SymInt, int))
     if not isinstance(target, OpOverload):
         return False
     schema = op_schema(target)

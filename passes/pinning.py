@@ -63,11 +63,10 @@ from .as_strided_calls import bind_as_strided
 from .chain_emission import GraphEmitter
 from .errors import FxViewsError
 from .geometry import Geometry, equivalent
-from .graph_edits import argument_nodes, describe_call
+from .graph_edits import argument_nodes, describe_call, input_node, op_name
 from .op_tables import AS_STRIDED_OPS
-from .records import Record, RecordingPass
+from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .torch_internals import (
-    PassResult,
     embedding_bag,
     embedding_bag_forward_only,
     flash_attention_cpu,
@@ -208,7 +207,7 @@ class _Pin:
 class LayoutPinning(RecordingPass):
     """A torch.fx pass giving layout-bound nodes their traced layout (mutates its input).
 
-    After a call, ``records`` holds one :class:`Record` per layout-bound node: method
+    Its result's ``records`` hold one :class:`Record` per layout-bound node: method
     ``"pinned"`` with what was done, or ``"kept"`` with why its layout cannot be pinned.
 
     Example::
@@ -216,43 +215,45 @@ class LayoutPinning(RecordingPass):
         >>> def f(x, y):
         ...     base = x.clone(); flat = base.view(-1); base.mul_(y); return flat
         >>> gm = make_fx(f)(torch.randn(2, 3), torch.randn(2, 3))
-        >>> engine = LayoutPinning()
-        >>> engine(gm).modified
+        >>> result = LayoutPinning()(gm)
+        >>> result.modified
         True
-        >>> engine.records[0].after
+        >>> result.records[0].after
         'clone(x_1, memory_format=torch.contiguous_format)'
     """
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+    def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         graph = graph_module.graph
-        self.records = []
         bound = [(n, why) for n in graph.nodes if (why := layout_dependence(n)) is not None]
         if not bound:
-            return PassResult(graph_module, False)
+            return RecordedPassResult(graph_module, False)
         analysis = AliasAnalysis(graph)
         pins: dict[torch.fx.Node, _Pin | str] = {}  # origin -> its pin, or why it has none
-        kernels, planned = [], []
+        kernels: list[tuple[torch.fx.Node, str]] = []
+        planned: list[tuple[Record, list[torch.fx.Node]]] = []
         for node, why in bound:
             if node.target in LAYOUT_KERNELS:
                 kernels.append((node, why))
-                continue
-            planned.append(_plan_node(node, why, analysis, pins))
-            self.records.append(planned[-1][0])
+            else:
+                planned.append(_plan_node(node, why, analysis, pins))
+        records = [record for record, _ in planned]
         # Only buffers of pinned nodes: a node kept for another origin needs no copy.
         needed = dict.fromkeys(o for r, origins in planned if r.method == "pinned" for o in origins)
         modified = False
         for origin in needed:
-            edit = pins[origin].edit
-            modified = (edit is not None and edit(graph)) or modified
+            pin = pins[origin]
+            modified = (isinstance(pin, _Pin) and pin.edit is not None and pin.edit(graph)) or (
+                modified
+            )
         for node, why in kernels:
             record = _pin_kernel_arguments(graph, node, why)
             modified = modified or record.method == "pinned"
-            self.records.append(record)
+            records.append(record)
         if modified:
             graph.lint()
             if self.recompile:
                 graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return RecordedPassResult(graph_module, modified, records)
 
 
 def _plan_node(
@@ -265,25 +266,34 @@ def _plan_node(
     before = describe_call(node.target, node.args)
     source = node.args[0]
     if node.target in _VMAP_REFUSES:
-        return Record(node.name, before, "", "kept", f"{why}; {_VMAP_REFUSES[node.target]}"), []
+        return _kept(node, before, f"{why}; {_VMAP_REFUSES[node.target]}"), []
     if not isinstance(source, torch.fx.Node):
-        return Record(node.name, before, "", "kept", f"{why}; its input is not a graph value"), []
+        return _kept(node, before, f"{why}; its input is not a graph value"), []
     reason = _unfollowable(analysis.ancestry(source))
     if reason is not None:
-        return Record(node.name, before, "", "kept", f"{why}; {reason}"), []
+        return _kept(node, before, f"{why}; {reason}"), []
     origins = analysis.origins(source)
     for origin in origins:
         if origin not in pins:
             pins[origin] = _plan_pin(origin)
-    refused = [pins[o] for o in origins if isinstance(pins[o], str)]
+    chosen = [pins[o] for o in origins]
+    refused = [pin for pin in chosen if isinstance(pin, str)]
     if refused:
-        return Record(node.name, before, "", "kept", f"{why}; {refused[0]}"), []
-    after = "; ".join(pins[o].after for o in origins)
+        return _kept(node, before, f"{why}; {refused[0]}"), []
+    after = "; ".join(pin.after for pin in chosen if isinstance(pin, _Pin))
     reason = f"{why}: its memory is made as traced"
     if len(origins) == 1 and _rebase_onto_buffer(node, origins[0]):
         after += f"; reads {origins[0].name} itself"
         reason += ", and it reads that whole buffer, not just its input"
-    return Record(node.name, before, after, "pinned", reason), origins
+    return _pinned(node, before, after, reason), origins
+
+
+def _kept(node: torch.fx.Node, before: str, reason: str) -> Record:
+    return Record(node.name, before, "", "kept", reason, kind=RecordKind.LAYOUT_BOUND)
+
+
+def _pinned(node: torch.fx.Node, before: str, after: str, reason: str) -> Record:
+    return Record(node.name, before, after, "pinned", reason, kind=RecordKind.LAYOUT_BOUND)
 
 
 def _rebase_onto_buffer(node: torch.fx.Node, buffer: torch.fx.Node) -> bool:
@@ -297,12 +307,14 @@ def _rebase_onto_buffer(node: torch.fx.Node, buffer: torch.fx.Node) -> bool:
         return False
     bound = bind_as_strided(node)
     source, held = _tensor_val(bound["self"]), _tensor_val(buffer)
+    if source is None or held is None:
+        return False
     offset = bound["storage_offset"]
     offset = source.storage_offset() if offset is None else offset
     numbers = [*bound["size"], *bound["stride"], offset]
     if not all(isinstance(n, int) for n in numbers):
         return False
-    low, high = Geometry(bound["size"], bound["stride"], offset).bounds()
+    low, high = Geometry(tuple(bound["size"]), tuple(bound["stride"]), int(offset)).bounds()
     exposed_low, exposed_high = Geometry.of(source).bounds()
     if exposed_low <= low and high <= exposed_high:
         return False  # inside its input already: vmap accepts it as it is
@@ -346,7 +358,7 @@ def _plan_pin(origin: torch.fx.Node) -> _Pin | str:
         return _Pin(_pinned_text(origin), lambda graph: _pin_clone(graph, origin, order))
     if origin.target in _LIKE_TO_NEW and _is_identity(order):
         new_op = _LIKE_TO_NEW[origin.target]
-        text = f"{new_op.__name__.split('.')[0]}({origin.args[0].name}, {list(val.shape)})"
+        text = describe_call(new_op, [input_node(origin), list(val.shape)])
         return _Pin(text, lambda graph: _like_to_new(graph, origin, new_op))
     text = f"{_pinned_text(origin, copy_of=origin.name)} after {origin.name}"
     return _Pin(text, lambda graph: _pin_after(graph, origin, order))
@@ -384,8 +396,8 @@ def _inverse(order: list[int]) -> list[int]:
 
 
 def _pinned_text(origin: torch.fx.Node, copy_of: str | None = None) -> str:
-    source = copy_of or origin.args[0].name
-    return f"clone({source}, memory_format=torch.contiguous_format)"
+    source = copy_of or input_node(origin)
+    return describe_call(aten.clone.default, [source], {"memory_format": torch.contiguous_format})
 
 
 def _contiguous_copy(
@@ -408,7 +420,7 @@ def _pin_clone(graph: torch.fx.Graph, origin: torch.fx.Node, order: list[int]) -
         return False  # already pinned
     kwargs = {k: v for k, v in origin.kwargs.items() if k != "memory_format"}
     with graph.inserting_before(origin):
-        pinned = _contiguous_copy(GraphEmitter(graph, origin), origin.args[0], order, **kwargs)
+        pinned = _contiguous_copy(GraphEmitter(graph, origin), input_node(origin), order, **kwargs)
     _verify_and_replace(graph, origin, pinned)
     graph.erase_node(origin)
     return True
@@ -417,7 +429,7 @@ def _pin_clone(graph: torch.fx.Graph, origin: torch.fx.Node, order: list[int]) -
 def _like_to_new(graph: torch.fx.Graph, origin: torch.fx.Node, new_op: Any) -> bool:
     """``zeros_like(x, ...)`` -> ``new_zeros(x, size, ...)`` (and the other ``*_like``)."""
     kwargs = {k: v for k, v in origin.kwargs.items() if k not in _KWARGS_NOT_FOR_NEW}
-    size = list(_tensor_val(origin).shape)
+    size = list(_traced_tensor(origin).shape)
     with graph.inserting_before(origin):
         pinned = GraphEmitter(graph, origin)(
             new_op, origin.args[0], size, *origin.args[1:], **kwargs
@@ -442,7 +454,7 @@ def _verify_and_replace(
 ) -> None:
     """Every use of ``origin`` (those ``replace_in`` accepts) becomes ``pinned``, which must
     have ``origin``'s traced geometry."""
-    expected, made = _tensor_val(origin), _tensor_val(pinned)
+    expected, made = _traced_tensor(origin), _tensor_val(pinned)
     if made is None or not equivalent(Geometry.of(made), Geometry.of(expected)):
         raise FxViewsError(f"internal: the pin of {origin.name!r} lost its traced layout")
     origin.replace_all_uses_with(pinned, delete_user_cb=replace_in or (lambda user: True))
@@ -455,27 +467,31 @@ def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) 
     cloned: dict[torch.fx.Node, torch.fx.Node] = {}
     with graph.inserting_before(node):
         for argument in dict.fromkeys(arguments):
-            if _tensor_val(argument).dim() == 0:
+            if _traced_tensor(argument).dim() == 0:
                 continue
             emit = GraphEmitter(graph, argument)
             cloned[argument] = emit(
                 aten.clone.default, argument, memory_format=torch.contiguous_format
             )
     if not cloned:
-        return Record(node.name, before, "", "kept", f"{why}; no tensor argument to pin")
+        return _kept(node, before, f"{why}; no tensor argument to pin")
     node.args, node.kwargs = torch.fx.node.map_arg(
         (node.args, node.kwargs), lambda a: cloned.get(a, a)
     )
     names = ", ".join(a.name for a in cloned)
-    return Record(
-        node.name,
-        before,
-        f"{before.split('(')[0]}(contiguous clones of {names})",
-        "pinned",
-        f"{why}: each tensor argument gets a contiguous clone at the call",
-    )
+    after = f"{op_name(node.target)}(contiguous clones of {names})"
+    reason = f"{why}: each tensor argument gets a contiguous clone at the call"
+    return _pinned(node, before, after, reason)
 
 
 def _tensor_val(node: Any) -> torch.Tensor | None:
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return val if isinstance(val, torch.Tensor) else None
+
+
+def _traced_tensor(node: torch.fx.Node) -> torch.Tensor:
+    """``node``'s traced tensor, which the caller knows it has (else an internal error)."""
+    val = _tensor_val(node)
+    if val is None:
+        raise FxViewsError(f"internal: node {node.name!r} has no tensor metadata")
+    return val

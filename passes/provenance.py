@@ -17,6 +17,7 @@ import torch.fx
 
 from .chain import ViewChain, replayable_step
 from .geometry import Geometry
+from .symbolic_geometry import ShapeFacts, SymbolicGeometry, Unproven
 
 #: How many view steps back from a view node the index looks for a base.
 MAX_DEPTH = 8
@@ -47,8 +48,10 @@ class ViewIndex:
         (ViewStep(op=aten.select.int, args=(0, 0)),)
     """
 
-    def __init__(self, graph: torch.fx.Graph) -> None:
+    def __init__(self, graph: torch.fx.Graph, facts: ShapeFacts | None = None) -> None:
         self._chains: dict[tuple, ViewChain] = {}
+        # With symbolic shapes, chains are also indexed by their exact symbolic geometries.
+        self.facts = facts
         # For every view node: the (ancestor, steps from that ancestor) pairs, nearest first.
         trails: dict[torch.fx.Node, list[tuple[torch.fx.Node, ViewChain]]] = {}
         self.steps_taken = 0
@@ -57,7 +60,9 @@ class ViewIndex:
             if step is None:
                 continue
             parent = node.args[0]
-            trail = [(parent, (step,))]
+            if not isinstance(parent, torch.fx.Node):
+                continue
+            trail: list[tuple[torch.fx.Node, ViewChain]] = [(parent, (step,))]
             for ancestor, chain in trails.get(parent, [])[: MAX_DEPTH - 1]:
                 trail.append((ancestor, (*chain, step)))
             trails[node] = trail
@@ -65,16 +70,35 @@ class ViewIndex:
             self._index(node, trail)
 
     def _index(self, node: torch.fx.Node, trail: list[tuple[torch.fx.Node, ViewChain]]) -> None:
-        view = node_geometry(node)
+        view = self._key(node)
         if view is None:
             return
         for ancestor, chain in trail:
-            base = node_geometry(ancestor)
+            base = self._key(ancestor)
             if base is not None:
-                self._chains.setdefault((base.key(), view.key()), chain)
+                self._chains.setdefault((base, view), chain)
+
+    def _key(self, node: torch.fx.Node) -> tuple | None:
+        geometry = node_geometry(node)
+        if geometry is not None:
+            return geometry.key()
+        val = node.meta.get("val")
+        if self.facts is None or not isinstance(val, torch.Tensor):
+            return None
+        try:
+            return SymbolicGeometry.of(val, self.facts).key()
+        except (Unproven, RuntimeError):  # another shape environment; a layout without strides
+            return None
 
     def lookup(self, source: Geometry, target: Geometry) -> ViewChain | None:
         """The first-indexed chain from a base like ``source`` to a view like ``target``."""
+        return self._chains.get((source.key(), target.key()))
+
+    def lookup_symbolic(
+        self, source: SymbolicGeometry, target: SymbolicGeometry
+    ) -> ViewChain | None:
+        """The first-indexed chain from a base of exactly ``source``'s symbolic geometry to
+        one of ``target``'s (to be proven for every size by the caller)."""
         return self._chains.get((source.key(), target.key()))
 
 

@@ -1,10 +1,27 @@
-"""The per-node record the pass keeps for every as_strided node it sees."""
+"""Records: what a pass did to each node it handled, returned in the pass's result.
+
+Every recording pass (:class:`~.as_strided_to_views.AsStridedToViews`,
+:class:`~.view_to_reshape.ViewToReshape`, :class:`~.pinning.LayoutPinning`) returns a
+:class:`RecordedPassResult`: torch.fx's ``PassResult`` plus one :class:`Record` per node it
+handled. The pass keeps no state between calls.
+
+Example::
+
+    >>> result = AsStridedToViews()(gm)
+    >>> [(r.kind, r.method) for r in result.records]
+    [(<RecordKind.AS_STRIDED: 'as_strided'>, 'provenance')]
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from .torch_internals import PassBase
+import torch.fx
+
+from .torch_internals import PassBase, PassResult
 
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
 #: layout-bound node: its layout could not be pinned); "pinned" that a layout-bound node now
@@ -12,15 +29,31 @@ from .torch_internals import PassBase
 METHODS = ("provenance", "synthesized", "identity", "scatter", "reshape", "pinned", "kept")
 
 
+class RecordKind(enum.Enum):
+    """The kind of node a record is about, which is also the pass that wrote it.
+
+    The value is the kind's name in printouts.
+    """
+
+    #: An as_strided-family node (``as_strided``, ``as_strided_``, ``as_strided_copy``,
+    #: ``as_strided_scatter``): AsStridedToViews.
+    AS_STRIDED = "as_strided"
+    #: A view that bakes in its input's layout (``view``, ``_unsafe_view``, ``_reshape_alias``,
+    #: ``view_as_complex``): ViewToReshape.
+    VIEW = "view"
+    #: Any node that still depends on a layout seen at trace time: LayoutPinning.
+    LAYOUT_BOUND = "layout-bound node"
+
+
 @dataclass(frozen=True)
 class Record:
-    """What happened to one as_strided node.
+    """What happened to one node: its description before and after, the method, and why.
 
     Example::
 
         Record(node="as_strided", before="as_strided(clone_1, [6], [1], 0)",
                after="select(clone_1, 0, 0)", method="provenance",
-               reason="replays select on a twin base")
+               reason="replays select on a twin base", kind=RecordKind.AS_STRIDED)
     """
 
     node: str
@@ -28,26 +61,55 @@ class Record:
     after: str
     method: str
     reason: str
+    kind: RecordKind = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; expected one of {METHODS}")
+        if not isinstance(self.kind, RecordKind):
+            raise TypeError(f"kind must be a RecordKind, got {self.kind!r}")
+
+
+class RecordedPassResult(PassResult):
+    """torch.fx's ``PassResult(graph_module, modified)`` with the pass's ``records``.
+
+    It unpacks into the two fields of ``PassResult``, so a ``PassManager`` runs recording
+    passes like any other.
+    """
+
+    records: list[Record]
+
+    def __new__(
+        cls, graph_module: torch.fx.GraphModule, modified: bool, records: Sequence[Record] = ()
+    ) -> RecordedPassResult:
+        result = super().__new__(cls, graph_module, modified)
+        assert isinstance(result, RecordedPassResult)  # PassResult.__new__ is typed too loosely
+        result.records = list(records)
+        return result
 
 
 class RecordingPass(PassBase):
-    """A torch.fx pass that keeps one :class:`Record` per node it handles, in ``records``.
+    """A torch.fx pass whose result carries one :class:`Record` per node it handled.
 
     ``recompile=False`` leaves ``graph_module.recompile()`` to a caller that runs several passes
     and recompiles once, after the last.
 
     Example::
 
-        >>> engine = SomeRecordingPass(recompile=False)
-        >>> engine(gm); gm.recompile()
-        >>> [r.method for r in engine.records]
+        >>> result = SomeRecordingPass(recompile=False)(gm); gm.recompile()
+        >>> [r.method for r in result.records]
     """
 
     def __init__(self, recompile: bool = True) -> None:
         super().__init__()
-        self.records: list[Record] = []
         self.recompile = recompile
+
+    def __call__(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
+        result = super().__call__(graph_module)
+        if not isinstance(result, RecordedPassResult):  # a subclass's call broke the contract
+            raise TypeError(f"{type(self).__name__}.call must return a RecordedPassResult")
+        return result
+
+    @abc.abstractmethod
+    def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
+        """Run the pass on ``graph_module``: its result, with one record per node handled."""

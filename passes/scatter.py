@@ -47,6 +47,7 @@ import torch.fx
 from .as_strided_calls import as_strided_op, bind_as_strided
 from .chain import Evaluator, ViewChain, ViewStep
 from .geometry import Geometry
+from .symbolic_geometry import ShapeFacts, SymbolicGeometry, Unproven
 from .torch_internals import make_contiguous_strides_for
 
 aten = torch.ops.aten
@@ -73,6 +74,67 @@ def base_geometries(buffer: torch.fx.Node, buffer_geometry: Geometry) -> list[Ge
         if candidate.key() == dense.key() and candidate.numel == buffer_geometry.numel:
             found.setdefault(candidate.key(), candidate)
     return list(found.values())
+
+
+def symbolic_base_geometries(
+    buffer: torch.fx.Node, buffer_geometry: SymbolicGeometry, facts: ShapeFacts
+) -> list[SymbolicGeometry]:
+    """:func:`base_geometries` for every size: each dense base is proven dense and to cover
+    the whole buffer. Bases restored from an ``as_strided_scatter`` into the buffer count too
+    (its output has the buffer's layout: backward graphs restore the base from there). A
+    base only proposes candidates; every chain is proven from the buffer's own geometry."""
+    flat = buffer_geometry.ndim == 1 and facts.equal(buffer_geometry.strides[0], 1)
+    if not flat:
+        return []
+    scattered = [
+        u
+        for u in buffer.users
+        if as_strided_op(u) is aten.as_strided_scatter.default
+        and bind_as_strided(u)["self"] is buffer
+    ]
+    found: dict[tuple, SymbolicGeometry] = {}
+    for user in [*buffer.users, *(u for s in scattered for u in s.users)]:
+        if as_strided_op(user) is None or user in scattered:
+            continue
+        args = bind_as_strided(user)
+        if args["self"] is not buffer and args["self"] not in scattered:
+            continue
+        offset = args["storage_offset"]
+        try:
+            candidate = SymbolicGeometry.from_values(
+                args["size"],
+                args["stride"],
+                buffer_geometry.offset if offset is None else offset,
+                facts,
+            )
+        except Unproven:
+            continue
+        if _proven_dense_cover(candidate, buffer_geometry, facts):
+            found.setdefault(candidate.key(), candidate)
+    return list(found.values())
+
+
+def _proven_dense_cover(
+    base: SymbolicGeometry, buffer: SymbolicGeometry, facts: ShapeFacts
+) -> bool:
+    expected: Any = 1
+    for size, stride in reversed(list(zip(base.sizes, base.strides, strict=True))):
+        if not (facts.equal(size, 1) or facts.equal(stride, expected)):
+            return False
+        expected = expected * size
+    return facts.equal(base.offset, buffer.offset) and facts.equal(base.numel, buffer.numel)
+
+
+def symbolic_base_view_step(base: SymbolicGeometry, facts: ShapeFacts) -> ViewStep | None:
+    """The unflatten of a flat buffer into ``base``, with int sizes, graph inputs holding a
+    size, and ``-1`` for at most one size left; None if more are left."""
+    sizes: list[Any] = []
+    for size in base.sizes:
+        if size.is_Integer:
+            sizes.append(int(size))
+        else:
+            sizes.append(facts.size_inputs.get(size, -1))
+    return ViewStep(aten.view.default, (sizes,)) if sizes.count(-1) <= 1 else None
 
 
 def base_view_step(base: Geometry) -> ViewStep:
@@ -132,7 +194,11 @@ def _invert(ev: Evaluator, step: ViewStep, base: Any, inner: Any) -> Any:
     if op is aten.alias.default:
         return inner
     # unsqueeze, squeeze and view only rename dims: a view back to the base's shape undoes them.
-    return ev(aten.view.default, inner, list(_shape(base)))
+    # A 1-D base with a symbolic size is the flat buffer a view unflattened: [-1] is its size.
+    shape = list(_shape(base))
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        shape = [-1]
+    return ev(aten.view.default, inner, shape)
 
 
 def _shape(value: Any) -> Sequence[int]:

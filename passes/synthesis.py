@@ -21,7 +21,6 @@ Every chain is verified on meta tensors before it is used (see ``chain_verificat
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -32,11 +31,15 @@ from .geometry import Embedding, Geometry, active_target_dims, embed, equivalent
 
 aten = torch.ops.aten
 
+#: A dim's label while a chain is built: its kind (``in``, ``group``, ``virtual``, ``rest``,
+#: ``target``) and the dims it stands for.
+Label = tuple[Any, ...]
+
 
 class _ChainBuilder:
     """Records view steps while tracking the result's shape on a meta tensor and dim labels."""
 
-    def __init__(self, source: Geometry, labels: list[Hashable]) -> None:
+    def __init__(self, source: Geometry, labels: list[Label]) -> None:
         self.value = source.meta_tensor()
         self.before_last = self.value
         self.labels = labels
@@ -185,5 +188,5 @@ def _to_target_order(b: _ChainBuilder, target: Geometry, walking: list[int]) -> 
     for j in range(target.ndim):
         if j not in walking:
             b.do(aten.unsqueeze.default, j)
-    if any(s > 1 and t == 0 for s, t in zip(target.sizes, target.strides)):
+    if any(s > 1 and t == 0 for s, t in zip(target.sizes, target.strides, strict=True)):
         b.do(aten.expand.default, list(target.sizes))

@@ -237,6 +237,13 @@ def storage_identity(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
+def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
+    """Each backed symbol's trace-time value (``backed_var_to_val``, 2.13; earlier
+    ``var_to_val``)."""
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    return dict(shape_env.var_to_val if hints is None else hints)
+
+
 def is_boxed_call(compiled: object) -> bool:
     """Whether AOTAutograd calls ``compiled`` with one list of arguments (``_boxed_call``, 2.0)."""
     return getattr(compiled, "_boxed_call", False)
@@ -271,6 +278,10 @@ _ON_USE: dict[str, tuple[str, str]] = {
         "torch.fx.experimental.symbolic_shapes",
         "statically_known_true",
     ),
+    # Proofs over symbolic shapes: bounds of a size expression over its symbols' value ranges
+    # (bound_sympy, ValueRanges; 2.1).
+    "bound_sympy": ("torch.utils._sympy.value_ranges", "bound_sympy"),
+    "ValueRanges": ("torch.utils._sympy.value_ranges", "ValueRanges"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
@@ -340,6 +351,7 @@ BOUND_NAMES = (
     "op_schema",
     "storage_identity",
     "is_boxed_call",
+    "symbol_hints",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

@@ -40,9 +40,9 @@ import torch.fx
 
 from .aliasing import AliasAnalysis
 from .chain_emission import GraphEmitter
-from .graph_edits import OutputDeferringReplacer, describe_call
-from .records import Record, RecordingPass
-from .torch_internals import PassResult, reshape_alias, unsafe_view
+from .graph_edits import OutputDeferringReplacer, describe_call, input_node
+from .records import Record, RecordedPassResult, RecordingPass, RecordKind
+from .torch_internals import reshape_alias, unsafe_view
 
 aten = torch.ops.aten
 
@@ -55,38 +55,36 @@ NEEDS_UNIT_LAST_STRIDE = (aten.view_as_complex.default,)
 class ViewToReshape(RecordingPass):
     """A torch.fx pass making layout-bound views layout-portable (mutates its input).
 
-    After a call, ``records`` holds one :class:`Record` per ``view``/``_unsafe_view``/
+    Its result's ``records`` hold one :class:`Record` per ``view``/``_unsafe_view``/
     ``_reshape_alias``/``view_as_complex`` node seen: method ``"reshape"`` if rewritten,
     ``"kept"`` with the reason its aliasing is observable otherwise.
 
     Example::
 
         >>> gm = make_fx(lambda x: x.clone().view(-1))(torch.randn(2, 3))
-        >>> engine = ViewToReshape()
-        >>> engine(gm).modified
+        >>> result = ViewToReshape()(gm)
+        >>> result.modified
         True
-        >>> engine.records[0].after
+        >>> result.records[0].after
         'reshape(clone, [-1])'
     """
 
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+    def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         graph = graph_module.graph
-        self.records = []
         nodes = [n for n in graph.nodes if _is_target(n)]
         if not nodes:
-            return PassResult(graph_module, False)
+            return RecordedPassResult(graph_module, False)
         analysis = AliasAnalysis(graph)
         replacer = OutputDeferringReplacer(graph)
-        for node in nodes:
-            self.records.append(_handle(graph, node, analysis.why_observed(node), replacer))
+        records = [_handle(graph, node, analysis.why_observed(node), replacer) for node in nodes]
         for replaced in replacer.finish():
             graph.erase_node(replaced)
-        modified = any(r.method == "reshape" for r in self.records)
+        modified = any(r.method == "reshape" for r in records)
         if modified:
             graph.lint()
             if self.recompile:
                 graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return RecordedPassResult(graph_module, modified, records)
 
 
 def _is_target(node: torch.fx.Node) -> bool:
@@ -102,27 +100,30 @@ def _handle(
     """Rewrite ``node`` unless its aliasing is ``observed``; the record says which and why."""
     before = describe_call(node.target, node.args)
     if observed is not None:
-        return Record(node.name, before, "", "kept", f"aliasing is observable: {observed}")
-    source = node.args[0]
+        reason = f"aliasing is observable: {observed}"
+        return Record(node.name, before, "", "kept", reason, kind=RecordKind.VIEW)
+    source = input_node(node)
     with graph.inserting_before(node):
         emit = _emitter(graph, node)
         if node.target in RESHAPEABLE:
             new = emit(aten.reshape.default, source, node.args[1])
-            after = f"reshape({source.name}, {node.args[1]})"
+            after = describe_call(aten.reshape.default, [source, node.args[1]])
             reason = "no alias observed: reshape gives the same values on any layout"
         else:
-            contiguous = emit(aten.clone.default, source, memory_format=torch.contiguous_format)
+            contiguous_format = {"memory_format": torch.contiguous_format}
+            contiguous = emit(aten.clone.default, source, **contiguous_format)
             new = emit(node.target, contiguous)
-            after = f"{before[:-1]}.clone(memory_format=torch.contiguous_format))"
+            copy = describe_call(aten.clone.default, [source], contiguous_format)
+            after = describe_call(node.target, [copy])
             reason = "no alias observed: a contiguous copy gives the last dim stride 1"
     replacer.replace(node, new)
     if not node.users:  # else the output still holds it: erased after finish()
         graph.erase_node(node)
-    return Record(node.name, before, after, "reshape", reason)
+    return Record(node.name, before, after, "reshape", reason, kind=RecordKind.VIEW)
 
 
 def _emitter(graph: torch.fx.Graph, like: torch.fx.Node) -> Callable[..., torch.fx.Node]:
     """GraphEmitter (fills ``meta['val']``) when the source has metadata, else bare nodes."""
-    if "val" in like.args[0].meta:
+    if "val" in input_node(like).meta:
         return GraphEmitter(graph, like)
     return lambda op, *args, **kwargs: graph.call_function(op, args, kwargs)

@@ -101,7 +101,7 @@ def _opinfo_cases(limit: int | None) -> Iterator[tuple[str, Callable[..., Any], 
 
             def call(*ts: torch.Tensor, leaves=leaves, spec=spec, tensors=tensors, op=op) -> Any:
                 filled = list(leaves)
-                for i, t in zip(tensors, ts):
+                for i, t in zip(tensors, ts, strict=True):
                     filled[i] = t
                 inp, args, kwargs = pytree.tree_unflatten(filled, spec)
                 return op.op(inp, *args, **kwargs)
@@ -145,7 +145,7 @@ def _assumes_layout(target: Any, args: tuple, kwargs: dict) -> str | None:
 
     def run(*ts: torch.Tensor) -> Any:
         filled = list(leaves)
-        for i, t in zip(slots, ts):
+        for i, t in zip(slots, ts, strict=True):
             filled[i] = t
         a, kw = pytree.tree_unflatten(filled, spec)
         return target(*a, **kw)

@@ -9,6 +9,8 @@ sample at a time. These helpers keep that honest:
   physically first and hide exactly the bug fxviews fixes.)
 * :func:`per_sample_reference` runs a function eagerly on each sample in a Python loop and stacks
   the results; it never calls ``vmap``.
+* :func:`nested_stack_batched` and :func:`nested_per_sample_reference` do the same for
+  ``vmap`` of ``vmap``: two batch dims, each physically placed, and a double loop.
 * :func:`assert_tree_close` compares two pytrees leaf by leaf, structure included.
 * :func:`transposed_copy` and :func:`strided_copy` give tensors with the same values as their
   input but a different memory layout (permuted strides; step-sliced storage with an offset).
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+
 from fxviews.passes.torch_internals import pytree
 
 __all__ = [
@@ -35,8 +38,11 @@ __all__ = [
     "in_dims_sweep",
     "in_dims_id",
     "make_samples",
+    "nested_per_sample_reference",
+    "nested_stack_batched",
     "noncontiguous_variants",
     "per_sample_reference",
+    "stable_seed",
     "stack_batched",
     "strided_copy",
     "transposed_copy",
@@ -151,7 +157,7 @@ def per_sample_reference(
     for sample in samples:
         args = tuple(
             _shared(samples, i) if bd is None else arg
-            for i, (arg, bd) in enumerate(zip(sample, in_dims))
+            for i, (arg, bd) in enumerate(zip(sample, in_dims, strict=True))
         )
         outputs.append(fn(*args))
     leaves_per_sample = []
@@ -163,8 +169,34 @@ def per_sample_reference(
         elif out_spec != spec:
             raise AssertionError(f"output structure differs between samples: {spec} vs {out_spec}")
         leaves_per_sample.append(leaves)
-    stacked = [torch.stack(list(column), dim=0) for column in zip(*leaves_per_sample)]
+    stacked = [torch.stack(list(column), dim=0) for column in zip(*leaves_per_sample, strict=True)]
     return pytree.tree_unflatten(stacked, spec)
+
+
+def nested_stack_batched(
+    grid: Sequence[Sequence[Sample]], inner: InDims, outer: InDims
+) -> tuple[torch.Tensor, ...]:
+    """Batch ``grid[j][b]`` twice, for ``vmap(vmap(f, inner), outer)``: ``b`` then ``j``.
+
+    Each row is batched with :func:`stack_batched` at ``inner``, then the rows are stacked so
+    argument ``i``'s outer batch dim is physically at ``outer[i]`` of the row-batched tensor.
+
+    Example::
+
+        >>> grid = [make_samples([(2, 3)], batch=4, seed=j) for j in range(5)]
+        >>> nested_stack_batched(grid, (1,), (2,))[0].shape
+        torch.Size([2, 4, 5, 3])
+    """
+    rows = [stack_batched(row, inner) for row in grid]
+    return tuple(torch.stack([row[i] for row in rows], dim=bd) for i, bd in enumerate(outer))
+
+
+def nested_per_sample_reference(
+    fn: Callable[..., Any], grid: Sequence[Sequence[Sample]], inner: InDims
+) -> Any:
+    """Eager reference for :func:`nested_stack_batched`: a double loop, output dims ``(j, b)``."""
+    rows = [per_sample_reference(fn, row, inner) for row in grid]
+    return pytree.tree_map(lambda *leaves: torch.stack(leaves), *rows)
 
 
 def assert_tree_close(
@@ -187,7 +219,7 @@ def assert_tree_close(
             f"{msg}: output structure differs\n  actual:   {actual_spec}\n"
             f"  expected: {expected_spec}"
         )
-    for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
+    for position, (a, e) in enumerate(zip(actual_leaves, expected_leaves, strict=True)):
         torch.testing.assert_close(
             a,
             e,

@@ -17,6 +17,10 @@ from typing import Any
 
 import pytest
 import torch
+
+import fxviews
+from fxviews.compile_backend import fxviews_backend
+from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import (
     BackendCompilerFailed,
     aot_autograd,
@@ -25,17 +29,7 @@ from fxviews.passes.torch_internals import (
     min_cut_rematerialization_partition,
     reset_dynamo,
 )
-
-import fxviews
-from fxviews.backend import fxviews_backend
-from fxviews.examples import push_jvp
-
-AS_STRIDED_OPS = {
-    torch.ops.aten.as_strided.default,
-    torch.ops.aten.as_strided_.default,
-    torch.ops.aten.as_strided_copy.default,
-    torch.ops.aten.as_strided_scatter.default,
-}
+from tests.reference import as_strided_nodes
 
 
 @pytest.fixture(autouse=True)
@@ -87,10 +81,6 @@ CASES = {
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def as_strided_count(gm: torch.fx.GraphModule) -> int:
-    return sum(n.op == "call_function" and n.target in AS_STRIDED_OPS for n in gm.graph.nodes)
-
-
 class Recorder:
     """An inner compiler that keeps every graph it is given and runs it unchanged."""
 
@@ -102,7 +92,7 @@ class Recorder:
         return gm.forward
 
     def as_strided_counts(self) -> list[int]:
-        return [as_strided_count(gm) for gm in self.graphs]
+        return [len(as_strided_nodes(gm)) for gm in self.graphs]
 
 
 def plain_aot(recorder: Recorder):
@@ -158,7 +148,7 @@ def test_inner_callable_receives_rewritten_graphs(name):
 
 
 def test_vmap_of_jvp_with_batch_dims_not_first():
-    """DESIGN.md's failing case, compiled: batch dims physically at 1 and 2, per-sample check."""
+    """The README's push_jvp, compiled: batch dims physically at 1 and 2, per-sample check."""
     in_dims, batch = (1, 2, 2), 3
     samples = [tuple(torch.randn(2, 6) for _ in range(3)) for _ in range(batch)]
     batched = [torch.stack([s[i] for s in samples], dim=d) for i, d in enumerate(in_dims)]
@@ -228,8 +218,8 @@ def test_strict_option_raises_on_unsafe_as_strided():
 
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_dynamic_shapes_compile_and_match_eager(dynamic):
-    # dynamic=None recompiles with symbolic shapes on the second size, as users meet it.
-    # Symbolic geometry cannot be verified, so such nodes may be kept; results stay right.
+    # dynamic=None recompiles with symbolic shapes on the second size, as users meet it
+    # (tests/test_symbolic.py counts what reaches the inner compiler).
     case = CASES["forward_user_as_strided"]
     compiled = torch.compile(case.fn, backend="fxviews", dynamic=dynamic)
     for n in (10, 13, 16):
@@ -281,7 +271,7 @@ def test_entry_point_works_without_importing_fxviews():
         torch._dynamo.reset()
         opts = {"inner": lambda gm, ex: print(gm.code) or gm.forward}
         torch.compile(f, backend="fxviews", options=opts)(x)
-        print("loaded through entry point:", "fxviews.backend" in sys.modules)
+        print("loaded through entry point:", "fxviews.compile_backend" in sys.modules)
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "FXVIEWS_DEBUG"}

@@ -1,4 +1,4 @@
-"""Differential corpus for the engine (issue 2, "Done when").
+"""Differential corpus for the engine: hand-written views, in-place writes, transforms.
 
 Every case is a function ``f(x, y)`` that clones a base ``x``, takes one or more views of it,
 then mutates the base in place with ``y``, the operand that carries a tangent or a gradient::
@@ -43,20 +43,29 @@ from typing import Any
 
 import pytest
 import torch
-from fxviews.passes.torch_internals import pytree
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
+from tests.differential import (
+    Prepared,
+    assert_every_layout_matches,
+    assert_raw_graph_is_wrong,
+    failures,
+    nonlinear_loss,
+    prepare,
+    pull_in_y,
+    push_in_y,
+)
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
     in_dims_id,
     in_dims_sweep,
     make_samples,
+    nested_per_sample_reference,
+    nested_stack_batched,
     noncontiguous_variants,
-    per_sample_reference,
     stable_seed,
-    stack_batched,
 )
 
 BATCH = 3
@@ -173,11 +182,6 @@ def make_primal_fn(view: ViewCase, inplace: InplaceCase) -> Callable[..., tuple]
     return f
 
 
-def _loss(outs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """A non-linear scalar of all outputs, so gradients depend on the forward values."""
-    return sum(((i + 1) * out.sin()).sum() for i, out in enumerate(outs))
-
-
 @dataclass(frozen=True)
 class Transform:
     """How a primal ``f(x, y)`` becomes the function that is traced and vmapped.
@@ -189,20 +193,6 @@ class Transform:
     name: str
     build: Callable[[Callable], Callable[..., Any]]
     extra_shapes: Callable[[tuple[int, ...], list[tuple[int, ...]]], list[tuple[int, ...]]]
-
-
-def _build_jvp(f):
-    def push(x, y, t):
-        return jvp(functools.partial(f, x), (y,), (t,))
-
-    return push
-
-
-def _build_grad(f):
-    def pull(x, y):
-        return grad(lambda y_: _loss(f(x, y_)))(y)
-
-    return pull
 
 
 def _build_vjp(f):
@@ -222,19 +212,19 @@ def _build_jacrev(f):
 
 
 def _build_hessian(f):
-    return lambda x, y: hessian(lambda y_: _loss(f(x, y_)))(y)
+    return lambda x, y: hessian(lambda y_: nonlinear_loss(f(x, y_)))(y)
 
 
 def _build_jvp_of_grad(f):
     def forward_over_reverse(x, y, t):
-        return jvp(grad(lambda y_: _loss(f(x, y_))), (y,), (t,))
+        return jvp(grad(lambda y_: nonlinear_loss(f(x, y_))), (y,), (t,))
 
     return forward_over_reverse
 
 
 TRANSFORMS: dict[str, Transform] = {
-    "jvp": Transform("jvp", _build_jvp, lambda xs, outs: [xs]),
-    "grad": Transform("grad", _build_grad, lambda xs, outs: []),
+    "jvp": Transform("jvp", push_in_y, lambda xs, outs: [xs]),
+    "grad": Transform("grad", pull_in_y, lambda xs, outs: []),
     "vjp": Transform("vjp", _build_vjp, lambda xs, outs: list(outs)),
     "jacfwd": Transform("jacfwd", _build_jacfwd, lambda xs, outs: []),
     "jacrev": Transform("jacrev", _build_jacrev, lambda xs, outs: []),
@@ -331,55 +321,19 @@ CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}
 assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 
 
-@dataclass
-class Prepared:
-    """A case traced and rewritten once, with its samples (sample 0 was used for tracing)."""
-
-    case: Case
-    fn: Callable[..., Any]
-    samples: list[tuple[torch.Tensor, ...]]
-    gm: torch.fx.GraphModule
-    code_before_rewrite: str
-    result: Any  # fxviews.RewriteResult
-
-
 @functools.cache
 def prepared(case_id: str) -> Prepared:
     """Trace the case on sample 0 (unbatched, contiguous) and rewrite it; cached per case."""
     case = CASES_BY_ID[case_id]
-    fn = case.function()
     samples = make_samples(case.arg_shapes(), BATCH, seed=stable_seed(case_id), dtype=DTYPE)
-    gm = fxviews.trace(fn, *samples[0])
-    code_before = gm.code
-    result = fxviews.rewrite(gm)
-    return Prepared(case, fn, samples, gm, code_before, result)
+    prep = prepare(case_id, case.function(), samples)
+    assert prep.eager_error is None, f"eager PyTorch refuses a corpus case: {prep.eager_error}"
+    return prep
 
 
-def _layouts(case: Case) -> list[tuple]:
+def _layouts(case_id: str) -> list[tuple]:
     """Every batch position for every argument (aligned and staggered), plus ``y`` unbatched."""
-    return in_dims_sweep([len(s) for s in case.arg_shapes()], unbatched=(1,))
-
-
-def _check_vmap(graph: Callable[..., Any], prep: Prepared, in_dims: tuple) -> None:
-    """vmap ``graph`` on physically batched inputs; compare with the per-sample eager loop."""
-    expected = per_sample_reference(prep.fn, prep.samples, in_dims)
-    batched = stack_batched(prep.samples, in_dims)
-    actual = vmap(graph, in_dims=in_dims)(*batched)
-    assert_tree_close(actual, expected, msg=f"{prep.case.id} vmap in_dims={in_dims}")
-
-
-def _failures(checks: dict[str, Callable[[], None]]) -> list[str]:
-    """Run every check; return one line per failure (a wrong result or an error)."""
-    failures = []
-    for label, check in checks.items():
-        try:
-            check()
-        except AssertionError as err:
-            detail = " | ".join(line.strip() for line in str(err).splitlines()[:4] if line.strip())
-            failures.append(f"{label}: WRONG RESULT: {detail}")
-        except RuntimeError as err:
-            failures.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
-    return failures
+    return in_dims_sweep([len(s) for s in CASES_BY_ID[case_id].arg_shapes()], unbatched=(1,))
 
 
 CASE_IDS = [c.id for c in CASES]
@@ -417,14 +371,9 @@ def test_vmap_of_rewritten_graph_matches_eager(case_id: str) -> None:
     a wrong result or an error.
     """
     prep = prepared(case_id)
-    graph = prep.result.graph_module
-    layouts = {in_dims_id(d): d for d in _layouts(prep.case)}
-    checks = {
-        label: functools.partial(_check_vmap, graph, prep, in_dims)
-        for label, in_dims in layouts.items()
-    }
-    failures = _failures(checks)
-    assert not failures, "\n".join([f"{len(failures)}/{len(checks)} layouts fail:", *failures])
+    assert_every_layout_matches(
+        prep.result.graph_module, prep.fn, prep.samples, layouts=_layouts(case_id), label=case_id
+    )
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
@@ -440,8 +389,8 @@ def test_rewritten_graph_on_noncontiguous_inputs_matches_eager(case_id: str) -> 
         assert_tree_close(module(*args), expected, msg=f"{case_id} on non-contiguous inputs")
 
     checks = {name: functools.partial(check, graph, args) for name, args in variants.items()}
-    failures = _failures(checks)
-    assert not failures, "\n".join([f"{len(failures)}/{len(checks)} variants fail:", *failures])
+    found = failures(checks)
+    assert not found, "\n".join([f"{len(found)}/{len(checks)} variants fail:", *found])
 
 
 @pytest.mark.parametrize("case_id", [c.id for c in CASES if c.inplace.name == "copy_"])
@@ -487,20 +436,14 @@ def test_nested_vmap_of_rewritten_graph_matches_eager(
 ) -> None:
     """vmap(vmap(graph)) with both batch dims physically placed; eager double-loop reference."""
     prep = prepared(case_id)
-    shapes = prep.case.arg_shapes()
-    outer, inner = _nested_layout(prep.case, outer, inner)
+    shapes = CASES_BY_ID[case_id].arg_shapes()
+    outer, inner = _nested_layout(CASES_BY_ID[case_id], outer, inner)
     grid = [
         make_samples(shapes, BATCH, seed=stable_seed(case_id) + 1 + j, dtype=DTYPE)
         for j in range(2)
     ]
-    inner_batched = [stack_batched(row, inner) for row in grid]
-    batched = tuple(
-        torch.stack([row[i] for row in inner_batched], dim=outer[i]) for i in range(len(shapes))
-    )
-    rows = [pytree.tree_flatten(per_sample_reference(prep.fn, row, inner)) for row in grid]
-    expected = pytree.tree_unflatten(
-        [torch.stack(list(column)) for column in zip(*(leaves for leaves, _ in rows))], rows[0][1]
-    )
+    batched = nested_stack_batched(grid, inner, outer)
+    expected = nested_per_sample_reference(prep.fn, grid, inner)
     actual = vmap(vmap(prep.result.graph_module, in_dims=inner), in_dims=outer)(*batched)
     assert_tree_close(actual, expected, msg=f"{case_id} nested vmap outer={outer} inner={inner}")
 
@@ -527,17 +470,7 @@ def test_harness_detects_wrong_numbers_of_raw_graph(case_id: str) -> None:
     the comparison with the eager reference does fail on it (torch 2.13's as_strided batching
     rule no longer raises here). Batch-first layouts are right even without a rewrite.
     """
-    prep = prepared(case_id)
-    assert as_strided_nodes(prep.gm), "the corpus case no longer produces as_strided"
-    layouts = {in_dims_id(d): d for d in _layouts(prep.case)}
-    checks = {
-        label: functools.partial(_check_vmap, prep.gm, prep, in_dims)
-        for label, in_dims in layouts.items()
-    }
-    wrong = [line for line in _failures(checks) if "WRONG RESULT" in line]
-    assert wrong, f"vmap of the raw graph of {case_id} matched eager on every layout"
-    batch_first = in_dims_id((0,) * len(prep.samples[0]))
-    assert not any(line.startswith(batch_first + ":") for line in wrong), wrong
+    assert_raw_graph_is_wrong(prepared(case_id), _layouts(case_id))
 
 
 # The raw graph of unfold_overlap-add_-jvp happens to be right on these plain inputs.
@@ -554,6 +487,6 @@ def test_harness_detects_raw_graph_on_noncontiguous_inputs(case_id: str) -> None
         name: functools.partial(lambda args: assert_tree_close(prep.gm(*args), expected), args)
         for name, args in noncontiguous_variants(sample).items()
     }
-    wrong = _failures(checks)
+    wrong = failures(checks)
     assert wrong, f"the raw graph of {case_id} was right on every non-contiguous input"
     assert not any(line.startswith("contiguous:") for line in wrong), wrong

@@ -19,6 +19,7 @@ from torch.func import vmap
 
 import fxviews
 from fxviews.examples import push_jvp
+from tests.differential import assert_every_layout_matches
 from tests.export_cases import CASES, Case, JvpModule, OverlappingWindows
 from tests.reference import (
     as_strided_nodes,
@@ -174,25 +175,23 @@ class StaticWindowDynamicOther(torch.nn.Module):
         return x[:, 1:].as_strided((3, 2), (4, 1), 1), z * 2
 
 
-def test_dynamic_window_keeps_symbolic_node_and_is_right_at_other_sizes():
+def test_dynamic_window_is_rewritten_for_every_size_and_vmaps():
     n = Dim("n", min=3, max=64)
     program = torch.export.export(DynamicWindow(), (torch.randn(8, 3),), dynamic_shapes=({0: n},))
     result = fxviews.rewrite(program)
-    assert [r.method for r in result.records] == ["kept"]
-    assert "symbolic" in result.records[0].reason
-    assert result.records[0].before.startswith("as_strided(")
+    assert [r.method for r in result.records] == ["synthesized"]
+    assert not as_strided_nodes(result.exported_program.graph_module)
     loaded = _round_trip(result.exported_program)
     assert loaded.range_constraints == program.range_constraints
     for size in (8, 13, 3):
         x = torch.randn(size, 3)
         assert_tree_close(loaded.module()(x), DynamicWindow()(x), msg=f"n={size}")
-    with pytest.raises(fxviews.UnsafeAsStridedError, match="symbolic"):
-        fxviews.rewrite(program, strict=True)
-    # The kept node is layout-bound, but vmap never reaches it: PyTorch has no batching rule
-    # for the sym_size the program reads (an error, not a wrong number).
-    samples = make_samples([(8, 3)], BATCH, seed=4)
-    with pytest.raises(RuntimeError, match="sym_size"):
-        vmap(loaded.module(), in_dims=(1,))(*stack_batched(samples, (1,)))
+    # The emitted view ops take no size from the input, so vmap runs the program (the plain
+    # program reads sym_size, which has no batching rule).
+    for in_dims in ((0,), (1,), (2,)):
+        samples = make_samples([(8, 3)], BATCH, seed=4)
+        actual = vmap(loaded.module(), in_dims=in_dims)(*stack_batched(samples, in_dims))
+        assert_tree_close(actual, per_sample_reference(DynamicWindow(), samples, in_dims))
 
 
 def test_static_rewrite_exported_with_a_dim_is_wrong_so_export_first():
@@ -204,14 +203,13 @@ def test_static_rewrite_exported_with_a_dim_is_wrong_so_export_first():
     assert program.module()(x).shape == (2, 7) != DynamicWindow()(x).shape
 
 
-def test_jvp_with_dynamic_batch_keeps_nodes_and_matches_eager():
+def test_jvp_with_dynamic_batch_is_rewritten_and_matches_eager():
     b = Dim("b", min=2, max=16)
     program = torch.export.export(
         JvpModule(), make_samples([(2, 6)] * 3, 1, seed=2)[0], dynamic_shapes=({0: b},) * 3
     )
     result = fxviews.rewrite(program)
-    assert result.records and all(r.method == "kept" for r in result.records)
-    assert all("symbolic" in r.reason for r in result.records)
+    assert result.records and all(r.method != "kept" for r in result.records)
     module = _round_trip(result.exported_program).module()
     for rows in (2, 5):
         sample = make_samples([(rows, 6)] * 3, 1, seed=rows)[0]
@@ -227,10 +225,7 @@ def test_static_node_is_rewritten_in_a_program_with_dynamic_dims():
     loaded = _round_trip(result.exported_program)
     assert loaded.range_constraints == program.range_constraints
     samples = make_samples([(3, 4), (13, 3)], BATCH, seed=3)
-    for in_dims in in_dims_sweep([2, 2]):
-        actual = vmap(loaded.module(), in_dims=in_dims)(*stack_batched(samples, in_dims))
-        expected = per_sample_reference(StaticWindowDynamicOther(), samples, in_dims)
-        assert_tree_close(actual, expected, msg=in_dims_id(in_dims))
+    assert_every_layout_matches(loaded.module(), StaticWindowDynamicOther(), samples)
 
 
 def test_caller_state_is_shared_not_copied(rewritten):

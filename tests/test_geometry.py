@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
 from fxviews.passes.chain import apply_chain, describe_chain
 from fxviews.passes.geometry import (
     Geometry,
@@ -19,8 +22,6 @@ from fxviews.passes.geometry import (
     is_one_to_one,
 )
 from fxviews.passes.synthesis import synthesize
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 # CI runs the same examples every time (a landing must not hinge on a lucky draw); local runs
 # draw new ones. Either way a failure prints the example that reproduces it.
@@ -95,7 +96,7 @@ def random_view(draw: st.DrawFn, x: torch.Tensor, steps: int) -> torch.Tensor:
             stop = draw(st.integers(start + 1, size))
             x = x[(slice(None),) * dim + (slice(start, stop, draw(st.integers(1, 3))),)]
         elif kind == "diagonal" and x.ndim >= 2:
-            other = draw(st.integers(0, x.ndim - 1).filter(lambda d: d != dim))
+            other = draw(st.integers(0, x.ndim - 1).filter(lambda d, dim=dim: d != dim))
             offset = draw(st.integers(-2, 2))
             candidate = x.diagonal(offset, dim, other)
             if candidate.numel() > 0:

@@ -33,7 +33,10 @@ def _module(case: Case) -> torch.nn.Module:
 def _onnxruntime(onnx_program, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """Run the ONNX model in a fresh onnxruntime session on the flattened ``args``."""
     session = onnxruntime.InferenceSession(onnx_program.model_proto.SerializeToString())
-    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), pytree.tree_leaves(args))}
+    feeds = {
+        i.name: a.numpy()
+        for i, a in zip(session.get_inputs(), pytree.tree_leaves(args), strict=True)
+    }
     return [torch.from_numpy(out) for out in session.run(None, feeds)]
 
 
@@ -102,7 +105,7 @@ class _Module(torch.nn.Module):
         return self.fn(x)
 
 
-def test_dynamic_window_on_transposed_input_is_refused():
+def test_dynamic_window_on_transposed_input_is_rewritten_and_right():
     n = Dim("n", min=3, max=64)
     example, other = torch.randn(8, 3), torch.randn(13, 3)
     plain = _plain(_Module(_dynamic_window), (example,), dynamic_shapes=({0: n},))
@@ -110,8 +113,21 @@ def test_dynamic_window_on_transposed_input_is_refused():
     assert actual.shape == (2, 12)
     with pytest.raises(AssertionError):  # the plain model's values are wrong at n = 13
         assert_tree_close(actual, _dynamic_window(other))
+    onnx_program = fxviews.export_onnx(_dynamic_window, (example,), dynamic_shapes=({0: n},))
+    for rows in (8, 13, 3):
+        x = torch.randn(rows, 3)
+        assert_tree_close(_onnxruntime(onnx_program, (x,)), [_dynamic_window(x)])
+
+
+def _column_as_row(x):
+    return x.t()[0].as_strided((3,), (1,), 0)  # reads row 0 through a view of column 0
+
+
+def test_kept_node_on_a_strided_input_is_refused():
     with pytest.raises(fxviews.FxViewsError, match="not provably contiguous"):
-        fxviews.export_onnx(_dynamic_window, (example,), dynamic_shapes=({0: n},))
+        fxviews.export_onnx(
+            _column_as_row, (torch.randn(8, 3),), dynamic_shapes=({0: Dim("n", min=3, max=64)},)
+        )
 
 
 def test_dynamic_window_on_contiguous_input_is_right_at_every_size():
@@ -140,7 +156,7 @@ def test_exported_program_is_accepted_and_traced_graph_with_dims_is_refused():
 def test_strict_refuses_a_kept_node():
     with pytest.raises(fxviews.UnsafeAsStridedError):
         fxviews.export_onnx(
-            _dynamic_rows,
+            _column_as_row,
             (torch.randn(8, 3),),
             dynamic_shapes=({0: Dim("n", min=3, max=64)},),
             strict=True,

@@ -33,18 +33,18 @@ import torch
 
 # OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
 from fxviews.passes.torch_internals import op_db
-from torch.func import jvp, vmap
-
-import fxviews
+from tests.differential import (
+    Prepared,
+    assert_every_layout_matches,
+    assert_raw_graph_is_wrong,
+    prepare,
+    push_in_y,
+)
 from tests.reference import (
     as_strided_nodes,
-    assert_tree_close,
-    in_dims_id,
     in_dims_sweep,
     make_samples,
-    per_sample_reference,
     stable_seed,
-    stack_batched,
 )
 
 BATCH = 3
@@ -145,25 +145,27 @@ class Case:
         shape = "x".join(map(str, self.shape))
         return f"{self.op_label}-s{self.index}-{shape}"
 
-    def primal(self) -> Callable[..., tuple]:
-        """``f(x, y)``: clone ``x``, view it with the op, multiply the base by ``y`` in place."""
+    def primal(
+        self, write: Callable[[torch.Tensor, torch.Tensor], Any] = torch.Tensor.mul_
+    ) -> Callable[..., tuple]:
+        """``f(x, y)``: clone ``x``, view it with the op, then ``write(base, y)`` in place.
+
+        Example::
+
+            >>> f = CASES[0].primal(torch.Tensor.copy_)  # the view then shows y's values
+        """
 
         def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             base = x.clone()
             view = _first(self.op(base, *self.args, **self.kwargs))
-            base.mul_(y)
+            write(base, y)
             return view * 1, base
 
         return f
 
     def function(self) -> Callable[..., Any]:
         """``push(x, y, yt)``: the jvp of ``f(x, .)`` at ``y`` along ``yt``; traced and vmapped."""
-        f = self.primal()
-
-        def push(x, y, yt):
-            return jvp(functools.partial(f, x), (y,), (yt,))
-
-        return push
+        return push_in_y(self.primal())
 
 
 def _usable(op: Any, sample: Any) -> bool:
@@ -219,37 +221,17 @@ assert len(CASES_BY_ID) == len(CASES), "case ids must be unique"
 CASE_IDS = [c.id for c in CASES]
 
 
-@dataclass
-class Prepared:
-    """A case traced on sample 0 and rewritten, or the error eager raised on it."""
-
-    case: Case
-    fn: Callable[..., Any]
-    samples: list[tuple[torch.Tensor, ...]]
-    eager_error: str | None = None
-    gm: torch.fx.GraphModule | None = None
-    result: Any = None  # fxviews.RewriteResult
-
-
 @functools.cache
 def prepared(case_id: str) -> Prepared:
-    """Trace and rewrite one case; cached so both tests share it. Eager runs first."""
+    """Trace and rewrite one case; cached so every test of it shares the work."""
     case = CASES_BY_ID[case_id]
-    fn = case.function()
     samples = make_samples([case.shape] * 3, BATCH, seed=stable_seed(case_id), dtype=DTYPE)
-    try:
-        fn(*samples[0])
-    except RuntimeError as err:
-        return Prepared(case, fn, samples, eager_error=str(err).splitlines()[0])
-    gm = fxviews.trace(fn, *samples[0])
-    return Prepared(case, fn, samples, gm=gm, result=fxviews.rewrite(gm))
+    return prepare(case_id, case.function(), samples)
 
 
-def _prepared_or_skip(case_id: str) -> Prepared:
-    prep = prepared(case_id)
-    if prep.eager_error is not None:
-        pytest.skip(f"eager PyTorch refuses this sample: {prep.eager_error}")
-    return prep
+def _layouts(case: Case) -> list[tuple]:
+    """Every batch position for every argument (aligned and staggered), plus ``y`` unbatched."""
+    return in_dims_sweep([len(case.shape)] * 3, unbatched=(1,))
 
 
 #: Substrings of the reasons for which the rewrite may keep an as_strided node.
@@ -259,7 +241,7 @@ KEPT_REASONS = ("unsafe", "no view form")
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_kept_as_strided_nodes_say_why(case_id: str) -> None:
     """One record per as_strided node; a kept node's reason is "unsafe" or "no view form"."""
-    prep = _prepared_or_skip(case_id)
+    prep = prepared(case_id).or_skip()
     res = prep.result
     assert sorted(r.node for r in res.records) == sorted(n.name for n in as_strided_nodes(prep.gm))
     bad = [
@@ -273,30 +255,17 @@ def test_kept_as_strided_nodes_say_why(case_id: str) -> None:
     assert left <= kept, f"as_strided nodes left in the graph without a kept record: {left - kept}"
 
 
-def _check_vmap(graph: Callable[..., Any], prep: Prepared, in_dims: tuple) -> None:
-    """vmap ``graph`` on physically batched inputs; compare with the per-sample eager loop."""
-    expected = per_sample_reference(prep.fn, prep.samples, in_dims)
-    actual = vmap(graph, in_dims=in_dims)(*stack_batched(prep.samples, in_dims))
-    assert_tree_close(actual, expected, msg=f"{prep.case.id} vmap in_dims={in_dims}")
-
-
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_vmap_of_rewritten_graph_matches_eager(case_id: str) -> None:
     """vmap(rewritten graph) equals eager per sample, the batch dim physically anywhere."""
-    prep = _prepared_or_skip(case_id)
-    graph = prep.result.graph_module
-    failures = []
-    layouts = in_dims_sweep([len(prep.case.shape)] * 3, unbatched=(1,))
-    for in_dims in layouts:
-        label = in_dims_id(in_dims)
-        try:
-            _check_vmap(graph, prep, in_dims)
-        except AssertionError as err:
-            detail = " | ".join(line.strip() for line in str(err).splitlines()[:4] if line.strip())
-            failures.append(f"{label}: WRONG RESULT: {detail}")
-        except RuntimeError as err:
-            failures.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
-    assert not failures, "\n".join([f"{len(failures)}/{len(layouts)} layouts fail:", *failures])
+    prep = prepared(case_id).or_skip()
+    assert_every_layout_matches(
+        prep.result.graph_module,
+        prep.fn,
+        prep.samples,
+        layouts=_layouts(CASES_BY_ID[case_id]),
+        label=case_id,
+    )
 
 
 #: Ops whose first case must show the bug in the un-rewritten graph (harness self-check).
@@ -308,16 +277,7 @@ def test_harness_detects_wrong_numbers_of_raw_graph(op_name: str) -> None:
     """The un-rewritten graph is silently wrong on some non-batch-first layout: the corpus
     exercises the bug and the comparison can fail. Batch-first layouts are right even raw."""
     case = next(c for c in CASES if c.op_name == op_name)
-    prep = _prepared_or_skip(case.id)
-    assert as_strided_nodes(prep.gm), f"{case.id} no longer produces as_strided"
-    wrong = []
-    for in_dims in in_dims_sweep([len(case.shape)] * 3, unbatched=(1,)):
-        try:
-            _check_vmap(prep.gm, prep, in_dims)
-        except AssertionError:
-            wrong.append(in_dims)
-    assert wrong, f"vmap of the raw graph of {case.id} matched eager on every layout"
-    assert (0, 0, 0) not in wrong, wrong
+    assert_raw_graph_is_wrong(prepared(case.id).or_skip(), _layouts(case))
 
 
 def test_corpus_covers_the_view_ops() -> None:

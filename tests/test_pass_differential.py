@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fxviews.passes.geometry import Geometry
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import fxviews
+from fxviews.passes.geometry import Geometry
 from tests.reference import as_strided_nodes
 from tests.test_geometry import SETTINGS, random_target_cases, sources, storage_for
 
@@ -74,7 +74,7 @@ def check_rewrite(
     storages = [torch.randn(extent, dtype=torch.float64) for _ in range(BATCH)]
     samples = [laid_out(geometry, s) for s in storages]
     try:
-        results = [eager(x, src) for x, src in zip(samples, srcs)]
+        results = [eager(x, src) for x, src in zip(samples, srcs, strict=True)]
     except RuntimeError:  # eager refuses it (a scatter region outside the output): not a case
         assume(False)
     # A scatter's result is read again through its own layout, as later graph nodes read it.
@@ -101,7 +101,7 @@ def check_rewrite(
     out = torch.func.vmap(graph, in_dims=in_dims)(*batched_args)
     for b in range(BATCH):
         got = tuple(o[b] for o in out)
-        torch.testing.assert_close(got, expected[b], msg=lambda m: f"{record} sample {b}: {m}")
+        torch.testing.assert_close(got, expected[b], msg=lambda m, b=b: f"{record} sample {b}: {m}")
 
 
 @SETTINGS

@@ -17,24 +17,22 @@ position (:func:`tests.reference.stack_batched`):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
-from fxviews.passes.pinning import dense_order, merges_dims
 from torch.func import grad, jvp, vmap
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
+from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
+from fxviews.passes.pinning import dense_order, merges_dims
+from tests.differential import assert_every_layout_matches, prepare, with_transform
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
-    in_dims_id,
-    in_dims_sweep,
     make_samples,
     per_sample_reference,
     stable_seed,
@@ -48,63 +46,11 @@ BATCH = 3
 DTYPE = torch.float64
 
 
-def _loss(outs: Any) -> torch.Tensor:
-    """A non-linear scalar of every output, so gradients depend on the forward values."""
-    leaves = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return sum(((i + 1) * out.sin()).sum() for i, out in enumerate(leaves))
-
-
-def with_transform(f: Callable[..., Any], transform: str) -> tuple[Callable[..., Any], int]:
-    """``f(x, y)`` under ``jvp`` in ``y`` (args x, y, y's tangent) or ``grad`` (args x, y)."""
-    if transform == "jvp":
-
-        def push(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
-            return jvp(functools.partial(f, x), (y,), (yt,))
-
-        return push, 3
-
-    def pull(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return grad(lambda y_: _loss(f(x, y_)))(y)
-
-    return pull, 2
-
-
-def check_every_placement(
-    fn: Callable[..., Any], graph: Callable[..., Any], samples: list[tuple], label: str
-) -> None:
-    """vmap(graph) equals eager ``fn`` per sample, each argument's batch dim at every position.
-
-    Strict: any error or wrong number at any placement fails, with every failing placement.
-    """
-    failures = []
-    for in_dims in in_dims_sweep([s.dim() for s in samples[0]]):
-        try:
-            assert_tree_close(
-                vmap(graph, in_dims=in_dims)(*stack_batched(samples, in_dims)),
-                per_sample_reference(fn, samples, in_dims),
-                msg=in_dims_id(in_dims),
-            )
-        except (AssertionError, RuntimeError) as err:
-            failures.append(f"{in_dims_id(in_dims)}: {str(err).splitlines()[0]}")
-    assert not failures, "\n".join([f"{label}: {len(failures)} placements fail", *failures])
-
-
 # --------------------------------------------------------------------------------------------
 # The OpInfo view-op corpus, written through the base after the view is taken.
 # --------------------------------------------------------------------------------------------
 
 INPLACE = {"mul_": torch.Tensor.mul_, "copy_": torch.Tensor.copy_}
-
-
-def _primal(case: OpInfoCase, inplace: str) -> Callable[..., Any]:
-    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        base = x.clone()
-        view = case.op(base, *case.args, **case.kwargs)
-        view = view[0] if isinstance(view, (tuple, list)) else view
-        INPLACE[inplace](base, y)
-        return view * 1, base
-
-    return f
 
 
 #: Ops whose view may merge dims (or, for as_strided, flatten first): every sample of these,
@@ -134,15 +80,12 @@ OPINFO_COMBOS = [
 def test_opinfo_view_written_through_its_base(
     case: OpInfoCase, inplace: str, transform: str
 ) -> None:
-    fn, n_args = with_transform(_primal(case, inplace), transform)
+    fn, n_args = with_transform(case.primal(INPLACE[inplace]), transform)
     samples = make_samples([case.shape] * n_args, BATCH, seed=stable_seed(case.id), dtype=DTYPE)
-    try:
-        fn(*samples[0])
-    except RuntimeError as err:  # e.g. reverse mode through a write to a split's base
-        pytest.skip(f"eager PyTorch refuses this case: {str(err).splitlines()[0]}")
-    res = fxviews.rewrite(fxviews.trace(fn, *samples[0]))
+    # Eager refuses some, e.g. reverse mode through a write to a split's base: those skip.
+    res = prepare(case.id, fn, samples).or_skip().result
     assert not [r for r in res.pin_records if r.method == "kept"], res.pin_records
-    check_every_placement(fn, res.graph_module, samples, case.id)
+    assert_every_layout_matches(res.graph_module, fn, samples, label=case.id)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +111,7 @@ def test_view_as_complex_of_a_written_base(inplace: str, transform: str) -> None
     res = fxviews.rewrite(fxviews.trace(fn, *samples[0]))
     pinned = [r for r in res.pin_records if r.before.startswith("view_as_complex")]
     assert pinned and {r.method for r in pinned} == {"pinned"}, res.pin_records
-    check_every_placement(fn, res.graph_module, samples, f"view_as_complex {inplace}")
+    assert_every_layout_matches(res.graph_module, fn, samples, label=f"view_as_complex {inplace}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +160,7 @@ def test_sdpa_under_vmap_of_grad(kind: str, masking: str) -> None:
 
     samples = _sdpa_samples(3)
     transformed = fxviews.transform(pull)
-    check_every_placement(pull, transformed, samples, f"vmap(grad({kind}, {masking}))")
+    assert_every_layout_matches(transformed, pull, samples, label=f"vmap(grad({kind}, {masking}))")
 
 
 @pytest.mark.parametrize("kind, masking", SDPA_CASES)
@@ -232,7 +175,7 @@ def test_sdpa_under_vmap_of_jvp(kind: str, masking: str) -> None:
         push(*samples[0])
     except RuntimeError as err:  # no forward-mode formula for this kernel
         pytest.skip(f"eager PyTorch refuses this case: {str(err).splitlines()[0]}")
-    check_every_placement(push, fxviews.transform(push), samples, f"vmap(jvp({kind}))")
+    assert_every_layout_matches(fxviews.transform(push), push, samples, label=f"vmap(jvp({kind}))")
 
 
 @pytest.mark.parametrize("kind", ["sdpa", "flash_for_cpu"])
@@ -245,7 +188,9 @@ def test_sdpa_transformed_then_vmap_of_grad(kind: str) -> None:
 
     pull = grad(fxviews.transform(loss), argnums=(0, 1, 2))
     reference = grad(loss, argnums=(0, 1, 2))
-    check_every_placement(reference, pull, _sdpa_samples(3), f"vmap(grad(transform({kind})))")
+    assert_every_layout_matches(
+        pull, reference, _sdpa_samples(3), label=f"vmap(grad(transform({kind})))"
+    )
 
 
 def test_flash_kernel_arguments_are_pinned_at_the_call() -> None:
@@ -315,7 +260,7 @@ KERNEL_FUNCTIONS = {
 def test_layout_kernels_under_vmap(name: str) -> None:
     fn, shape = KERNEL_FUNCTIONS[name]
     samples = make_samples([shape], BATCH, seed=stable_seed(name), dtype=DTYPE)
-    check_every_placement(fn, fxviews.transform(fn), samples, name)
+    assert_every_layout_matches(fxviews.transform(fn), fn, samples, label=name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,7 +311,7 @@ def test_kept_as_strided_over_pinned_buffer(kind: str, transform: str) -> None:
     assert {n.name for n in as_strided_nodes(res.graph_module)} == kept
     pins = {r.node: r.method for r in res.pin_records}
     assert all(pins.get(name) == "pinned" for name in kept), res.pin_records
-    check_every_placement(fn, res.graph_module, samples, f"{kind} {transform}")
+    assert_every_layout_matches(res.graph_module, fn, samples, label=f"{kind} {transform}")
 
 
 def test_kept_as_strided_of_a_graph_input_is_kept_with_the_reason() -> None:
@@ -430,7 +375,7 @@ def test_view_of_a_graph_input_written_afterwards_is_kept_with_the_reason() -> N
     res = fxviews.rewrite(fxviews.trace(f, torch.randn(3, 4), torch.randn(3, 4)))
     (record,) = res.pin_records
     assert record.method == "kept" and "graph input 'x_1'" in record.reason
-    assert "layout-bound view 0 rewritten, 1 kept" in str(res)
+    assert "layout-bound node 0 rewritten, 1 kept" in str(res)
 
 
 def test_seed_graph_gets_no_pin_and_no_copy() -> None:
@@ -445,9 +390,9 @@ def test_seed_graph_gets_no_pin_and_no_copy() -> None:
 def test_pass_leaves_a_graph_without_layout_bound_nodes_alone() -> None:
     gm = fxviews.trace(lambda x: x.clone()[0].sin(), torch.randn(2, 3))
     code = gm.code
-    engine = LayoutPinning()
-    assert not engine(gm).modified
-    assert engine.records == [] and gm.code == code
+    result = LayoutPinning()(gm)
+    assert not result.modified
+    assert result.records == [] and gm.code == code
 
 
 def test_permuted_clone_is_pinned_to_its_traced_strides() -> None:
@@ -465,7 +410,7 @@ def test_permuted_clone_is_pinned_to_its_traced_strides() -> None:
     assert [r.method for r in res.pin_records] == ["pinned"], res.pin_records
     targets = [n.target for n in res.graph_module.graph.nodes]
     assert aten.permute.default in targets
-    check_every_placement(f, res.graph_module, samples, "clone of a transposed input")
+    assert_every_layout_matches(res.graph_module, f, samples, label="clone of a transposed input")
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,14 +6,15 @@ import functools
 import io
 import logging
 import operator
+import re
 
 import pytest
 import torch
-from fxviews.passes import Record
-from fxviews.passes.graph_edits import describe_call
 
 import fxviews
 from fxviews.examples import push_jvp
+from fxviews.passes import Record, RecordKind
+from fxviews.passes.graph_edits import describe_call
 from fxviews.printouts import (
     DEBUG_ENV,
     debug_enabled,
@@ -52,6 +53,7 @@ def fake_result(records, *, code_before="def forward(self):\n    return ()", sec
     )
 
 
+AS_STRIDED, VIEW = RecordKind.AS_STRIDED, RecordKind.VIEW
 LONG = "as_strided(" + ", ".join(f"clone_{i}" for i in range(30)) + ", [6, 6, 6], [36, 6, 1], 0)"
 RECORDS = [
     Record(
@@ -60,6 +62,7 @@ RECORDS = [
         "select(clone_1, 0, 0)",
         "provenance",
         "replays select",
+        kind=AS_STRIDED,
     ),
     Record(
         "as_strided_1",
@@ -67,14 +70,23 @@ RECORDS = [
         "unfold(unfold(x, 0, 2, 1), 1, 2, 1)",
         "synthesized",
         "a chain of view ops " * 8,
+        kind=AS_STRIDED,
     ),
-    Record("as_strided_2", "as_strided(t, [2, 3], [3, 1], 0)", "t", "identity", "same geometry"),
+    Record(
+        "as_strided_2",
+        "as_strided(t, [2, 3], [3, 1], 0)",
+        "t",
+        "identity",
+        "same geometry",
+        kind=AS_STRIDED,
+    ),
     Record(
         "as_strided_3",
         "as_strided(buf, [6], [1], 0)",
         "select(view, 0, 0)",
         "scatter",
         "relative to the base view",
+        kind=AS_STRIDED,
     ),
     Record(
         "as_strided_4",
@@ -82,6 +94,7 @@ RECORDS = [
         "as_strided(x, [3], [1], 0)",
         "kept",
         "exposes memory its input does not",
+        kind=AS_STRIDED,
     ),
 ]
 
@@ -109,7 +122,7 @@ def test_kept_and_synthesized_rows(mixed_result):
     rows = [line for line in text.splitlines() if line.startswith("as_strided")]
     assert len(rows) == 3  # both nodes, and the pinning step's row for the kept one
     assert "as_strided 1 rewritten (synthesized 1), 1 kept" in text
-    assert "layout-bound as_strided 0 rewritten, 1 kept" in text  # it reads a graph input
+    assert "layout-bound node 0 rewritten, 1 kept" in text  # it reads a graph input
     kept = next(row for row in columns(format_table(mixed_result.records)) if row[3] == "kept")
     assert "reads storage address 4" in kept[4]  # why the node was kept
     assert "unfold" in text
@@ -146,14 +159,14 @@ def columns(table: str) -> list[list[str]]:
         if cells[0]:
             rows.append(cells)
         else:
-            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells)]
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells, strict=True)]
     return rows
 
 
 @pytest.mark.parametrize("width", [100, 72])
 def test_wrapped_cells_lose_nothing(width):
     rows = columns(format_table(RECORDS, width=width))
-    for row, record in zip(rows, RECORDS):
+    for row, record in zip(rows, RECORDS, strict=True):
         expected = [record.node, record.before, record.after, record.method, record.reason]
         assert ["".join(cell.split()) for cell in row] == ["".join(e.split()) for e in expected]
 
@@ -174,6 +187,7 @@ def feature_meta_record() -> Record:
         f"select({FEATURE_META}, 0, 0)",
         "provenance",
         "replays the view " * 4,
+        kind=AS_STRIDED,
     )
 
 
@@ -253,8 +267,10 @@ def test_summary_counts_each_method():
 
 def test_summary_groups_records_by_kind_of_node():
     records = RECORDS[:2] + [
-        Record("view", "view(clone, [-1])", "reshape(clone, [-1])", "reshape", "no alias"),
-        Record("view_1", "view(x, [6])", "", "kept", "aliasing is observable"),
+        Record(
+            "view", "view(clone, [-1])", "reshape(clone, [-1])", "reshape", "no alias", kind=VIEW
+        ),
+        Record("view_1", "view(x, [6])", "", "kept", "aliasing is observable", kind=VIEW),
     ]
     assert format_summary(fake_result(records)) == (
         "fxviews: as_strided 2 rewritten (provenance 1, synthesized 1), 0 kept; "
@@ -280,6 +296,23 @@ def test_diff_folds_long_lines_and_keeps_markers():
     folded = [line for line in lines if line.startswith("-") and "x" in line]
     assert len(folded) > 2  # one long removed line became several, all marked as removed
     assert "".join(line[1:] for line in folded).count("x") == 60
+
+
+@pytest.mark.parametrize("width", [60, 72, 100])
+def test_diff_lines_wrap_at_token_boundaries_not_inside_identifiers(width):
+    call = f"torch.ops.aten.as_strided.default({FEATURE_META}, [6], [1], 0)"
+    long_line = f"    as_strided_with_a_long_name = {call}; {FEATURE_META} = None"
+    before = f"def forward(self, {FEATURE_META}):\n{long_line}\n    return as_strided\n"
+    after = f"def forward(self, {FEATURE_META}):\n    return as_strided\n"
+    lines = format_diff(before, after, width=width).splitlines()
+    assert max(len(line) for line in lines) <= width
+    removed = [line[1:] for line in lines if line.startswith("-    ") or line.startswith("-  ")]
+    assert len(removed) > 1  # the one removed line, wrapped
+    identifiers = re.findall(r"[A-Za-z_][\w.]*", call)
+    for identifier in identifiers:  # each one whole on one line
+        assert any(identifier in line for line in removed), (identifier, removed)
+    statement = long_line.split(";")[0]
+    assert "".join(removed).replace(" ", "") == statement.replace(" ", "")  # nothing lost
 
 
 def test_diff_ignores_release_bookkeeping():

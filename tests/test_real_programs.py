@@ -370,7 +370,7 @@ def _batch(samples: list[tuple[Any, ...]], program: Program, bd: int) -> tuple[A
         spec = pytree.tree_structure(samples[0][i])
         stacked = [
             torch.stack(column, dim=bd if bd >= 0 else column[0].dim() + 1 + bd)
-            for column in zip(*leaves)
+            for column in zip(*leaves, strict=True)
         ]
         out.append(pytree.tree_unflatten(stacked, spec))
     return tuple(out)

@@ -14,13 +14,13 @@ import logging
 import re
 from pathlib import Path
 
-import fxviews.passes.torch_internals as internals
 import pytest
 import torch
 from packaging.requirements import Requirement  # packaging comes with pytest
 from packaging.specifiers import SpecifierSet
 
 import fxviews
+import fxviews.passes.torch_internals as internals
 
 REPO = Path(__file__).resolve().parent.parent
 # The shipped code: everything in it but the internals module must go through that module.

@@ -165,7 +165,7 @@ def test_modules_trace_and_gradients_reach_their_parameters():
     for p in module.parameters():
         p.grad = None
     module(x).sum().backward()
-    for got, want in zip(expected, (p.grad for p in module.parameters())):
+    for got, want in zip(expected, (p.grad for p in module.parameters()), strict=True):
         torch.testing.assert_close(got, want)
 
 

@@ -1,4 +1,4 @@
-"""ViewToReshape (issue 6): views that break under vmap become reshape where no alias is observed.
+"""ViewToReshape: views that break under vmap become reshape where no alias is observed.
 
 Differential corpus: ``f(x, y)`` clones a base, mutates it in place with ``y`` (the operand
 carrying a tangent or gradient), *then* takes a view, so the view's sharing with the base cannot
@@ -25,16 +25,15 @@ from typing import Any
 
 import pytest
 import torch
-from fxviews.passes import ViewToReshape
-from torch.func import grad, jvp, vmap
+from torch.func import vmap
 
 import fxviews
+from fxviews.passes import ViewToReshape
+from tests.differential import assert_every_layout_matches, check_vmap, with_transform
 from tests.reference import (
     assert_tree_close,
-    in_dims_id,
     in_dims_sweep,
     make_samples,
-    per_sample_reference,
     stack_batched,
 )
 
@@ -90,26 +89,11 @@ def _function(case: ViewCase, inplace: str) -> Callable[[torch.Tensor, torch.Ten
     return f
 
 
-def _with_transform(f: Callable[..., Any], transform: str) -> tuple[Callable[..., Any], int]:
-    """``f`` under jvp (args x, y, y_tangent) or grad (args x, y); also its argument count."""
-    if transform == "jvp":
-
-        def push(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> Any:
-            return jvp(functools.partial(f, x), (y,), (yt,))
-
-        return push, 3
-
-    def pull(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return grad(lambda y: sum(out.sum() for out in f(x, y)))(y)
-
-    return pull, 2
-
-
 @functools.cache
 def _traced(case_name: str, inplace: str, transform: str) -> tuple[Any, ...]:
     """(eager fn, samples, as_strided-rewritten graph, same graph after ViewToReshape, records)."""
     case = next(c for c in VIEWS if c.name == case_name)
-    fn, n_args = _with_transform(_function(case, inplace), transform)
+    fn, n_args = with_transform(_function(case, inplace), transform)
     samples = make_samples([case.shape] * n_args, BATCH, seed=len(case_name) + n_args)
     traced = fxviews.trace(fn, *samples[0])
     rewritten = fxviews.rewrite(traced, reshape_views=False, pin_layouts=False).graph_module
@@ -138,13 +122,7 @@ def test_views_rewritten_and_right_at_every_batch_position(
     assert records, "the corpus case should trace to at least one view"
     assert {r.method for r in records} == {"reshape"}, records
     assert not [n for n in passed.graph.nodes if n.target in REWRITTEN_OPS[:3]]
-    for in_dims in _placements(case_name, len(samples[0])):
-        batched = stack_batched(samples, in_dims)
-        assert_tree_close(
-            vmap(passed, in_dims=in_dims)(*batched),
-            per_sample_reference(fn, samples, in_dims),
-            msg=in_dims_id(in_dims),
-        )
+    assert_every_layout_matches(passed, fn, samples, label=f"{case_name}-{inplace}-{transform}")
 
 
 # Splitting one dim is viewable on every layout, and its backward merges exactly the dims it
@@ -174,9 +152,7 @@ def test_without_the_pass_some_placement_raises(case_name: str) -> None:
 
 def _run_pass(fn: Callable[..., Any], *args: torch.Tensor) -> tuple[Any, list[Any]]:
     gm = fxviews.rewrite(fxviews.trace(fn, *args)).graph_module
-    engine = ViewToReshape()
-    engine(gm)
-    return gm, engine.records
+    return gm, ViewToReshape()(gm).records
 
 
 def _kept_reasons(records: list[Any]) -> list[str]:
@@ -185,13 +161,7 @@ def _kept_reasons(records: list[Any]) -> list[str]:
 
 def _assert_matches_eager(fn: Callable[..., Any], gm: Any, n_args: int) -> None:
     """Every batch placement: a kept view's buffer is pinned to its traced layout."""
-    samples = make_samples([(3, 4)] * n_args, BATCH, seed=7)
-    for in_dims in in_dims_sweep([2] * n_args):
-        assert_tree_close(
-            vmap(gm, in_dims=in_dims)(*stack_batched(samples, in_dims)),
-            per_sample_reference(fn, samples, in_dims),
-            msg=in_dims_id(in_dims),
-        )
+    assert_every_layout_matches(gm, fn, make_samples([(3, 4)] * n_args, BATCH, seed=7))
 
 
 def _write_through_view(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +176,7 @@ def test_write_through_view_keeps_it(transform: str) -> None:
     fn = _write_through_view
     n_args = 2
     if transform != "plain":
-        fn, n_args = _with_transform(_write_through_view, transform)
+        fn, n_args = with_transform(_write_through_view, transform)
     args = make_samples([(3, 4)] * n_args, 1, seed=3)[0]
     gm, records = _run_pass(fn, *args)
     assert any("written afterwards" in reason for reason in _kept_reasons(records)), records
@@ -265,7 +235,9 @@ def test_view_returned_as_alias_of_an_input_under_vmap() -> None:
         return x.view(-1)
 
     gm = fxviews.rewrite(fxviews.trace(f, torch.randn(3, 4, dtype=torch.float64))).graph_module
-    _assert_matches_eager(f, gm, 1)
+    samples = make_samples([(3, 4)], BATCH, seed=7)
+    for in_dims in in_dims_sweep([2]):  # check_vmap lets the RuntimeError through
+        check_vmap(gm, f, samples, in_dims)
 
 
 def test_view_returned_with_its_base_is_kept() -> None:
@@ -302,10 +274,9 @@ def test_view_as_complex_kept_when_the_base_is_written_afterwards() -> None:
 
 def test_pass_result_and_records_for_a_fresh_view() -> None:
     gm = fxviews.trace(lambda x: x.clone().view(-1), torch.randn(2, 3))
-    engine = ViewToReshape()
-    result = engine(gm)
+    result = ViewToReshape()(gm)
     assert result.modified and result.graph_module is gm
-    (record,) = engine.records
+    (record,) = result.records
     assert (record.before, record.after, record.method) == (
         "view(clone, [-1])",
         "reshape(clone, [-1])",
@@ -321,17 +292,12 @@ def test_unsafe_view_and_reshape_alias_become_reshape() -> None:
         return aten._unsafe_view(base.sin(), [12]), aten._reshape_alias(base, [12], [1])
 
     gm = fxviews.trace(f, torch.randn(3, 4))
-    engine = ViewToReshape()
-    engine(gm)
-    ops = sorted(r.before.split("(")[0] for r in engine.records)
+    records = ViewToReshape()(gm).records
+    ops = sorted(r.before.split("(")[0] for r in records)
     assert ops == ["_reshape_alias", "_unsafe_view"]
-    assert {r.method for r in engine.records} == {"reshape"}
+    assert {r.method for r in records} == {"reshape"}
     samples = make_samples([(3, 4)], BATCH, seed=5)
-    for in_dims in in_dims_sweep([2]):
-        assert_tree_close(
-            vmap(gm, in_dims=in_dims)(*stack_batched(samples, in_dims)),
-            per_sample_reference(lambda x: (x.sin().reshape(12), x.reshape(12)), samples, in_dims),
-        )
+    assert_every_layout_matches(gm, lambda x: (x.sin().reshape(12), x.reshape(12)), samples)
 
 
 def test_opaque_call_counts_as_alias_and_write() -> None:
@@ -342,17 +308,17 @@ def test_opaque_call_counts_as_alias_and_write() -> None:
     graph.call_function(torch.Tensor.mul_, (base, 2.0))  # a Python callable, not an aten op
     graph.output(graph.call_function(aten.sin.default, (flat,)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    engine = ViewToReshape()
-    assert not engine(gm).modified  # works without meta['val'] too
-    assert "written afterwards, at 'mul_'" in engine.records[0].reason
+    result = ViewToReshape()(gm)
+    assert not result.modified  # works without meta['val'] too
+    assert "written afterwards, at 'mul_'" in result.records[0].reason
 
 
 def test_graph_without_views_is_untouched() -> None:
     gm = fxviews.trace(lambda x: x.sin(), torch.randn(2, 3))
     code = gm.code
-    engine = ViewToReshape()
-    assert not engine(gm).modified
-    assert engine.records == [] and gm.code == code
+    result = ViewToReshape()(gm)
+    assert not result.modified
+    assert result.records == [] and gm.code == code
 
 
 def _mutate_after_view(x: torch.Tensor) -> torch.Tensor:

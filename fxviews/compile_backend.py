@@ -1,4 +1,7 @@
-"""``fxviews.backend``: a torch.compile backend that rewrites ``as_strided`` in the AOT graphs.
+"""The torch.compile backend: ``fxviews.backend(...)`` and ``backend="fxviews"``.
+
+The module is ``fxviews.compile_backend``, so that the package attribute ``fxviews.backend``
+(the function) does not hide it.
 
 Dynamo captures the function, AOTAutograd lowers it to aten forward/backward graphs, the engine
 (:class:`fxviews.passes.AsStridedToViews`) rewrites every provably safe ``as_strided`` of each

@@ -1,0 +1,337 @@
+"""Symbolic geometry: sizes, strides and offsets as expressions in a graph's ShapeEnv, and proofs.
+
+Note [Proofs over symbolic shapes]
+----------------------------------
+A graph traced with dynamic shapes (make_fx's symbolic mode, torch.compile's automatic dynamic
+or ``dynamic=True``, ``torch.export`` with ``Dim``\\ s) records sizes, strides and offsets as
+SymInts: sympy expressions over symbols ``s0, s1, ...`` that stand for every size the graph
+will run at. A rewrite of such a graph must be right for *every* value the symbols may take,
+not only for the example the graph was traced on (the symbols' *hints*).
+
+What the symbols may take is what the graph's ShapeEnv knows: each symbol's value range (sizes
+of dynamic dims are at least 2: PyTorch specializes 0 and 1), replacements made by guards such
+as ``Eq(s26, 9)`` (such a SymInt is an int), and the guards the trace recorded (a graph is only
+valid where its guards hold: Dynamo checks them before each call, and export's
+``range_constraints`` state them). :class:`ShapeFacts` proves a relation when
+
+1. the ShapeEnv itself decides it statically (``statically_known_true``: value ranges and the
+   guards as axioms, never adding a guard), or
+2. bounding the difference of its two sides over the value ranges, each narrowed by the guards
+   that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it.
+
+Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
+asks a SymInt for a bool (which would install a guard decided on the hint); expressions are
+sympy, whose relations refuse to become bools.
+
+Example::
+
+    >>> facts = ShapeFacts.of(gm)                 # the graph's ShapeEnv, or None if static
+    >>> g = SymbolicGeometry.of(node.meta["val"], facts)
+    >>> g.sizes, facts.proves(sympy.Ge(g.sizes[0], 2))
+    ((s0, 6), True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from sympy import Expr
+
+from . import torch_internals as internals
+from .geometry import Geometry
+
+
+@dataclass(frozen=True)
+class SymbolicGeometry:
+    """Sizes, strides and storage offset as sympy expressions (integers for static values).
+
+    Example::
+
+        >>> SymbolicGeometry((s0, 6), (6, 1), 0).at({s0: 4})
+        Geometry(sizes=(4, 6), strides=(6, 1), offset=0)
+    """
+
+    sizes: tuple[Expr, ...]
+    strides: tuple[Expr, ...]
+    offset: Expr
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, facts: ShapeFacts) -> SymbolicGeometry:
+        """The geometry of a fake tensor whose sizes may be SymInts of ``facts``' ShapeEnv."""
+        return cls.from_values(tensor.shape, tensor.stride(), tensor.storage_offset(), facts)
+
+    @classmethod
+    def from_values(
+        cls, sizes: Sequence[Any], strides: Sequence[Any], offset: Any, facts: ShapeFacts
+    ) -> SymbolicGeometry:
+        return cls(
+            tuple(facts.expression(v) for v in sizes),
+            tuple(facts.expression(v) for v in strides),
+            facts.expression(offset),
+        )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def numel(self) -> Expr:
+        return sympy.Mul(*self.sizes)
+
+    def values(self) -> tuple[Expr, ...]:
+        return (*self.sizes, *self.strides, self.offset)
+
+    def is_static(self) -> bool:
+        return all(v.is_Integer for v in self.values())
+
+    def free_symbols(self) -> set[sympy.Symbol]:
+        return set().union(*(v.free_symbols for v in self.values()))
+
+    def key(self) -> tuple[Expr, ...]:
+        """Exact expressions, hashable: equal keys mean the same geometry at every size."""
+        return self.values()
+
+    def at(self, point: Mapping[sympy.Symbol, int]) -> Geometry | None:
+        """The concrete geometry at ``point`` (values for the free symbols), or None if invalid."""
+        values = [sympy.sympify(v.xreplace(point)) for v in self.values()]
+        if not all(v.is_Integer for v in values):
+            return None
+        ints = [int(v) for v in values]
+        n = self.ndim
+        sizes, strides, offset = ints[:n], ints[n : 2 * n], ints[-1]
+        if min([*sizes, *strides, offset], default=0) < 0:
+            return None
+        return Geometry(tuple(sizes), tuple(strides), offset)
+
+    def __str__(self) -> str:
+        return f"sizes={list(self.sizes)} strides={list(self.strides)} offset={self.offset}"
+
+
+class Unproven(Exception):
+    """A relation the ShapeEnv's facts neither prove nor refute: the chain cannot be trusted."""
+
+
+class ShapeFacts:
+    """What a graph's ShapeEnv says about its symbols, and proofs from it (see the Note above)."""
+
+    def __init__(self, shape_env: Any) -> None:
+        self.shape_env = shape_env
+        self.ranges = _ranges_narrowed_by_guards(shape_env)
+        self.hints: dict[sympy.Symbol, int] = {
+            s: int(v) for s, v in internals.symbol_hints(shape_env).items()
+        }
+        #: Graph inputs that are sizes themselves (AOTAutograd passes each symbol as an int
+        #: argument), by symbol: a chain may take a size from them. See bind_size_inputs.
+        self.size_inputs: dict[sympy.Symbol, torch.fx.Node] = {}
+
+    def bind_size_inputs(self, graph: torch.fx.Graph) -> None:
+        """Record the graph's inputs whose value is one symbol.
+
+        They are plain ints when the graph runs, so a view op reading one needs no
+        ``sym_size`` of a tensor (which vmap cannot batch). make_fx and export graphs read
+        sizes from tensors instead, and have none.
+        """
+        for node in graph.find_nodes(op="placeholder"):
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt) and val.node.shape_env is self.shape_env:
+                expr = self.expression(val)
+                if isinstance(expr, sympy.Symbol):
+                    self.size_inputs.setdefault(expr, node)
+
+    @classmethod
+    def of(cls, values: Iterable[Any]) -> ShapeFacts | None:
+        """Facts of the ShapeEnv behind the first symbolic value among ``values``, or None."""
+        for value in values:
+            for v in _ints_of(value):
+                if isinstance(v, torch.SymInt):
+                    return cls(v.node.shape_env)
+        return None
+
+    def expression(self, value: Any) -> Expr:
+        """``value`` (an int, a SymInt or a graph node holding one) as a simplified expression.
+
+        A SymInt of another ShapeEnv, or anything else, raises :class:`Unproven`.
+        """
+        if isinstance(value, torch.fx.Node):
+            value = value.meta.get("val")
+        if isinstance(value, bool):
+            raise Unproven(f"{value!r} is not a size")
+        if isinstance(value, sympy.Expr):
+            return value
+        if isinstance(value, int):
+            return sympy.Integer(value)
+        if isinstance(value, torch.SymInt):
+            constant = value.node.maybe_as_int()
+            if constant is not None:
+                return sympy.Integer(constant)
+            if value.node.shape_env is self.shape_env:
+                # simplify applies the guards' replacements: Eq(s26, 9) makes s26 the integer 9.
+                expr = sympy.sympify(sympy.expand(self.shape_env.simplify(value.node.expr)))
+                return self._settle_extrema(expr)
+        raise Unproven(f"{value!r} is not a size of this graph's shape environment")
+
+    def _settle_extrema(self, expr: Expr) -> Expr:
+        """``Max``/``Min`` replaced by the argument proven largest/smallest for every size.
+
+        Flat gradient buffers have ``Max(6, 6*s0)`` elements; with ``s0 >= 2`` that is ``6*s0``.
+        """
+
+        def is_extremum(e: Any) -> bool:
+            return getattr(e.func, "__name__", "") in ("Max", "Min") and len(e.args) > 1
+
+        def settle(e: Any) -> Any:
+            order = sympy.Ge if e.func.__name__ == "Max" else sympy.Le
+            for a in e.args:
+                if all(self.proves(order(a, b)) for b in e.args if b is not a):
+                    return a
+            return e
+
+        return expr.replace(is_extremum, settle)
+
+    def proves(self, relation: Any) -> bool:
+        """Whether ``relation`` (sympy) holds for every value the symbols may take."""
+        relation = sympy.sympify(relation)
+        if relation is sympy.true:
+            return True
+        if relation is sympy.false:
+            return False
+        symbool = self.shape_env.create_symboolnode(relation)
+        if internals.statically_known_true(symbool):
+            return True
+        if isinstance(relation, sympy.Eq):
+            return sympy.expand(relation.lhs - relation.rhs) == 0
+        if isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
+            low, strict = _lower_side(relation)
+            bound = internals.bound_sympy(sympy.expand(low), self.ranges)
+            return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
+        return False
+
+    def decide(self, relation: Any) -> bool:
+        """``relation``'s truth value if it is proven or refuted for every value, else raise."""
+        if self.proves(relation):
+            return True
+        if self.proves(sympy.Not(relation)):
+            return False
+        raise Unproven(f"{relation} depends on the sizes")
+
+    def equal(self, a: Any, b: Any) -> bool:
+        return self.proves(sympy.Eq(a, b))
+
+    def require(self, relation: Any, what: str) -> None:
+        if not self.proves(relation):
+            raise Unproven(f"{what}: {relation} is not proven for every size")
+
+    def quiet(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which PyTorch's fake kernels record no guard in the ShapeEnv."""
+        return self.shape_env.suppress_guards()
+
+    def points(self, symbols: Iterable[sympy.Symbol]) -> list[dict[sympy.Symbol, int]]:
+        """The hint, and a second point that moves every symbol by a different amount.
+
+        Used to choose the form of a chain's arguments (constant, or relative to a dim's end);
+        the choice is then proven for every size, so the points need no other property.
+        """
+        symbols = sorted(symbols, key=str)
+        hint = {s: self.hints[s] for s in symbols if s in self.hints}
+        if len(hint) != len(symbols):
+            return []
+        moved = {s: v + 3 + 2 * i for i, (s, v) in enumerate(hint.items())}
+        return [hint, moved]
+
+
+def equivalent_symbolic(a: SymbolicGeometry, b: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """Proven, for every size: same sizes; same strides on dims not of size 1; same offset.
+
+    Stricter than :func:`~.geometry.equivalent` where a size may be 0 (the offset must still
+    agree), which only ever keeps a node.
+    """
+    if a.ndim != b.ndim or not all(
+        facts.equal(x, y) for x, y in zip(a.sizes, b.sizes, strict=True)
+    ):
+        return False
+    for size, x, y in zip(a.sizes, a.strides, b.strides, strict=True):
+        if not (facts.equal(x, y) or facts.equal(size, 1)):
+            return False
+    return facts.equal(a.offset, b.offset)
+
+
+def is_one_to_one_symbolic(geometry: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """:func:`~.geometry.is_one_to_one` for every size: in the order of the strides' trace-time
+    values, each walking dim's stride is proven to exceed the furthest address the dims before
+    it reach. The order is only a candidate; the inequalities are what is proven.
+
+    Example::
+
+        >>> is_one_to_one_symbolic(SymbolicGeometry((s0, 3), (3, 1), 0), facts)
+        True
+    """
+    walking = []
+    for size, stride in zip(geometry.sizes, geometry.strides, strict=True):
+        if facts.equal(size, 1):
+            continue
+        hint = sympy.sympify(stride.xreplace(facts.hints))
+        if not hint.is_Integer:
+            return False
+        walking.append((int(hint), stride, size))
+    reach: Expr = sympy.Integer(0)
+    for _, stride, size in sorted(walking, key=lambda item: item[0]):
+        if not facts.proves(sympy.Gt(stride, reach)):
+            return False
+        reach = reach + (size - 1) * stride
+    return True
+
+
+def _ints_of(value: Any) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [*value.shape, *value.stride(), value.storage_offset()]
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in _ints_of(item)]
+    if isinstance(value, torch.fx.Node):
+        return _ints_of(value.meta.get("val"))
+    return [value]
+
+
+def _lower_side(relation: Any) -> tuple[Expr, bool]:
+    """``(e, strict)`` with the relation equivalent to ``e > 0`` (strict) or ``e >= 0``."""
+    if isinstance(relation, (sympy.Ge, sympy.Gt)):
+        return relation.lhs - relation.rhs, isinstance(relation, sympy.Gt)
+    return relation.rhs - relation.lhs, isinstance(relation, sympy.Lt)
+
+
+def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:
+    """Each symbol's value range, narrowed by every recorded guard linear in that one symbol.
+
+    The ShapeEnv keeps ranges as declared (sizes >= 2) and guards such as ``3*s - 6 >= 2`` as
+    axioms it matches only verbatim; solving the linear ones gives the bound they imply.
+    """
+    ranges = dict(shape_env.var_to_range)
+    for guard in shape_env.guards:
+        relation = guard.expr
+        if not isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
+            continue
+        if len(relation.free_symbols) != 1:
+            continue
+        [symbol] = relation.free_symbols
+        side, strict = _lower_side(relation)
+        if not sympy.expand(side).is_polynomial(symbol):  # Max(...), FloorDiv(...)
+            continue
+        poly = sympy.Poly(sympy.expand(side), symbol)
+        if poly.degree() != 1 or not all(c.is_Integer for c in poly.all_coeffs()):
+            continue
+        a, b = (int(c) for c in poly.all_coeffs())
+        current = ranges.get(symbol)
+        if current is None:
+            continue
+        bound = sympy.Rational((1 if strict else 0) - b, a)  # a*s + b >= (1 if strict else 0)
+        if a > 0:
+            lower = max(current.lower, int(sympy.ceiling(bound)))
+            ranges[symbol] = internals.ValueRanges(lower, current.upper)
+        else:
+            upper = min(current.upper, int(sympy.floor(bound)))
+            ranges[symbol] = internals.ValueRanges(current.lower, upper)
+    return ranges

@@ -1,0 +1,408 @@
+"""Symbolic shapes: as_strided nodes whose geometry is symbolic are rewritten for every size.
+
+Graphs come from make_fx's symbolic mode, from torch.compile with automatic dynamic shapes and
+``dynamic=True``, and from torch.export with ``Dim``s. Every rewritten graph is run at sizes
+other than the one it was traced on, and under ``vmap`` with the batch dim physically where
+``in_dims`` says, against eager PyTorch one sample at a time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxviews
+from fxviews.examples import push_jvp
+from fxviews.passes.torch_internals import make_fx, reset_dynamo
+from tests.reference import as_strided_nodes
+from tests.test_backend import (
+    Recorder,
+    jvp_loss,
+    run,
+    sliding_windows,
+    transposed_window_loss,
+)
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    reset_dynamo()
+    yield
+    reset_dynamo()
+
+
+# --- functions whose as_strided geometry follows the input's sizes ---------------------------
+
+
+def window(x):
+    """Overlapping windows of 3 over a 1-D signal: unfold."""
+    return x.as_strided((x.shape[0] - 2, 3), (1, 1))
+
+
+def windows_of_windows(x):
+    """Windows of 3 of windows of 2: unfold of unfold."""
+    return x.as_strided((x.shape[0] - 3, 3, 2), (1, 1, 1))
+
+
+def diagonal(v):
+    """The main diagonal of the square ``v v^T``: diagonal."""
+    n = v.shape[0]
+    return (v.unsqueeze(1) * v).as_strided((n,), (n + 1,))
+
+
+def superdiagonal(v):
+    """The diagonal above the main one: diagonal with an offset."""
+    n = v.shape[0]
+    return (v.unsqueeze(1) * v).as_strided((n - 1,), (n + 1,), 1)
+
+
+def all_but_first_rows(x):
+    """Rows 1.. of a matrix: a slice to the end, counted from the input's sizes."""
+    return x.as_strided((x.shape[0] - 1, x.shape[1]), (x.shape[1], 1), x.shape[1])
+
+
+def transposed_corner(x):
+    """Columns 1.. and rows 0..1 of a matrix, read through its transpose."""
+    return x.t().as_strided((x.shape[1] - 1, 2), (1, x.shape[1]), 1)
+
+
+def row_prefix(x):
+    """Three elements of row 0: inside the row only when it has at least three (not proven)."""
+    return x[0].as_strided((3,), (1,), 0)
+
+
+SYMBOLIC = {
+    "window": (window, lambda n: (torch.randn(n),)),
+    "windows_of_windows": (windows_of_windows, lambda n: (torch.randn(n),)),
+    "diagonal": (diagonal, lambda n: (torch.randn(n),)),
+    "superdiagonal": (superdiagonal, lambda n: (torch.randn(n),)),
+    "all_but_first_rows": (all_but_first_rows, lambda n: (torch.randn(n, n + 2),)),
+    "transposed_corner": (transposed_corner, lambda n: (torch.randn(n, n + 1),)),
+}
+SIZES = (7, 9, 12)
+
+
+# --- make_fx symbolic graphs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SYMBOLIC)
+def test_symbolic_graph_is_rewritten_and_right_at_other_sizes(name):
+    fn, make = SYMBOLIC[name]
+    gm = make_fx(fn, tracing_mode="symbolic")(*make(8))
+    assert len(as_strided_nodes(gm)) == 1
+    res = fxviews.rewrite(gm)
+    [record] = res.records
+    assert record.method != "kept", record.reason
+    assert len(as_strided_nodes(res.graph_module)) == 0
+    for n in SIZES:
+        args = make(n)
+        torch.testing.assert_close(res.graph_module(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name", SYMBOLIC)
+@pytest.mark.parametrize("bd", [0, 1, -1])
+def test_vmap_of_symbolic_graph_is_right_at_every_batch_position(name, bd):
+    fn, make = SYMBOLIC[name]
+    res = fxviews.rewrite(make_fx(fn, tracing_mode="symbolic")(*make(8)))
+    for n in (6, 11):
+        samples = [make(n)[0] for _ in range(3)]
+        xs = torch.stack(samples, dim=bd if bd >= 0 else samples[0].dim())
+        out = torch.func.vmap(res.graph_module, in_dims=bd)(xs)
+        for b, sample in enumerate(samples):
+            torch.testing.assert_close(out[b], fn(sample))
+
+
+def test_in_bounds_at_the_hint_only_is_kept_with_the_reason():
+    x = torch.randn(4, 5)
+    gm = make_fx(row_prefix, tracing_mode="symbolic")(x)
+    res = fxviews.rewrite(gm)
+    [record] = res.records
+    assert record.method == "kept"
+    assert "every size" in record.reason and "slice" in record.reason
+    # At the trace-time sizes alone it would be rewritten: the proof is what keeps it.
+    assert [r.method for r in fxviews.rewrite(make_fx(row_prefix)(x)).records] == ["synthesized"]
+    with pytest.raises(fxviews.UnsafeAsStridedError, match="every size"):
+        fxviews.rewrite(gm, strict=True)
+    # The kept node is right where as_strided is (it reads row 1 when rows are short).
+    for shape in ((3, 2), (4, 5)):
+        y = torch.randn(shape)
+        torch.testing.assert_close(res.graph_module(y), row_prefix(y))
+
+
+def test_rewrite_adds_no_guard_to_the_shape_environment():
+    gm = make_fx(window, tracing_mode="symbolic")(torch.randn(8))
+    val = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    shape_env = val.shape[0].node.shape_env
+    guards = list(shape_env.guards)
+    fxviews.rewrite(gm)
+    assert shape_env.guards == guards
+
+
+# --- torch.compile: automatic dynamic and dynamic=True ---------------------------------------
+
+
+def sliding_window_loss(x):
+    """Trained: the backward scatters the windows' gradients back (overlapping: kept)."""
+    return (windows_of_windows(x) ** 2).sum()
+
+
+def trained(fn):
+    """``fn`` as a loss: its backward scatters gradients through the as_strided."""
+
+    def loss(x):  # one named argument: Dynamo's automatic dynamic does not track *args
+        return (fn(x) ** 2).sum()
+
+    loss.__name__ = f"{fn.__name__}_loss"
+    return loss
+
+
+def grad_inputs(args):
+    return tuple(a.requires_grad_() for a in args)
+
+
+#: name: (function, inputs of size n, trained). Each keeps no as_strided with static shapes.
+COMPILED = {
+    "window": (sliding_windows, lambda n: (torch.randn(n),), False),
+    "windows_of_windows": (windows_of_windows, lambda n: (torch.randn(n),), False),
+    "diagonal": (diagonal, lambda n: (torch.randn(n),), False),
+    "superdiagonal": (superdiagonal, lambda n: (torch.randn(n),), False),
+    "all_but_first_rows": (all_but_first_rows, lambda n: (torch.randn(n, n + 2),), False),
+    "transposed_corner": (transposed_corner, lambda n: (torch.randn(n, n + 1),), False),
+}
+#: The same functions as losses, trained: name: (loss, inputs of size n).
+TRAINED = {
+    f"{name}_trained": (trained(fn), lambda n, make=make: grad_inputs(make(n)))
+    for name, (fn, make, _) in COMPILED.items()
+}
+COMPILE_SIZES = (6, 8, 11, 15)
+
+
+def compile_and_run(fn, make, training, dynamic, sizes=COMPILE_SIZES):
+    """Compile ``fn`` with a capturing inner compiler, check every size against eager, and
+    return the as_strided count of each graph the inner compiler got."""
+    recorder = Recorder()
+    compiled = torch.compile(fn, backend=fxviews.backend(inner=recorder), dynamic=dynamic)
+    for n in sizes:
+        args = make(n)
+        expected = run(fn, args, training)
+        torch.testing.assert_close(run(compiled, args, training), expected)
+    return recorder.as_strided_counts()
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_automatic_dynamic_rewrites_what_static_shapes_rewrite(name):
+    fn, make, training = COMPILED[name]
+    counts = compile_and_run(fn, make, training, dynamic=None)
+    # A static graph for the first size, then one symbolic graph for every later size.
+    assert counts == [0, 0]
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_dynamic_true_rewrites_what_static_shapes_rewrite(name):
+    fn, make, training = COMPILED[name]
+    assert compile_and_run(fn, make, training, dynamic=True) == [0]
+
+
+@pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_trained_losses_reach_the_inner_compiler_as_static_shapes_do(name, dynamic):
+    # Loss and gradients equal eager at every size; a forward or backward graph holds an
+    # as_strided only where the static one does (AOTAutograd compiles forward, backward).
+    fn, make = TRAINED[name]
+    static = compile_and_run(fn, make, True, dynamic=False, sizes=COMPILE_SIZES[:1])
+    reset_dynamo()
+    counts = compile_and_run(fn, make, True, dynamic=dynamic)
+    assert len(static) == 2 and counts, counts
+    assert all(c == 0 for i, c in enumerate(counts) if static[i % 2] == 0), (static, counts)
+
+
+def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_strided():
+    # Forward AD's tangent views and the backward's scatter buffers of ``jvp_loss``: the rows
+    # of every input follow the size; each graph is rewritten for every size.
+    def rows(n, requires_grad=False):
+        return tuple(torch.randn(n, 6, requires_grad=requires_grad) for _ in range(3))
+
+    assert compile_and_run(push_jvp, rows, False, dynamic=None) == [0, 0]
+    reset_dynamo()
+    counts = compile_and_run(jvp_loss, lambda n: rows(n, True), True, dynamic=None)
+    assert counts == [0, 0, 0, 0]
+
+
+def test_a_window_past_the_smallest_input_is_kept_and_right():
+    # a.t().as_strided((2, 3), (1, 2), 1) reads storage elements 1..6 of a (n, 3) input: inside
+    # it only for n >= 3, and the shape environment allows n = 2. Kept, in both graphs.
+    counts = compile_and_run(
+        transposed_window_loss, lambda n: (torch.randn(n, 3, requires_grad=True),), True, None
+    )
+    assert counts[:2] == [0, 0] and counts[2] >= 1
+
+
+def test_scalar_mismatch_in_as_strided_sizes_stays_right():
+    # The diagonal stride n + 1 of a non-square input is not a diagonal: kept, still right.
+    def rows_stride(x):
+        n = x.shape[0]
+        return x.as_strided((n,), (n + 1,))
+
+    counts = compile_and_run(rows_stride, lambda n: (torch.randn(n, n + 3),), False, True)
+    assert counts == [1]
+
+
+def test_pytorch_failures_are_reported_unchanged():
+    # Forward AD over views with dynamic shapes fails inside PyTorch's own tracing, before
+    # any backend sees a graph: fxviews must surface exactly PyTorch's error.
+    args = [tuple(torch.randn(2, n) for _ in range(3)) for n in (6, 8)]
+    messages = []
+    for backend in ("aot_eager", fxviews.backend()):
+        reset_dynamo()
+        compiled = torch.compile(push_jvp, backend=backend)
+        compiled(*args[0])
+        with pytest.raises(Exception) as info:
+            compiled(*args[1])
+        messages.append((type(info.value), str(info.value).splitlines()[0], str(info.value)))
+    assert "Cannot call storage_offset() on tensor with symbolic sizes" in messages[0][2]
+    assert messages[0][:2] == messages[1][:2]
+    assert "Cannot call storage_offset() on tensor with symbolic sizes" in messages[1][2]
+
+
+# --- torch.export with Dims ------------------------------------------------------------------
+
+
+class Corner(torch.nn.Module):
+    def forward(self, x):
+        return transposed_corner(x)
+
+
+class Windows(torch.nn.Module):
+    def forward(self, x):
+        return windows_of_windows(x) * 2
+
+
+@pytest.mark.parametrize(
+    "module, make, dims",
+    [
+        (Corner(), lambda n: torch.randn(n, n + 1), lambda n: ({0: n, 1: n + 1},)),
+        (Windows(), lambda n: torch.randn(n), lambda n: ({0: n},)),
+    ],
+)
+def test_exported_program_with_dims_is_rewritten(module, make, dims):
+    n = torch.export.Dim("n", min=6, max=64)
+    ep = torch.export.export(module, (make(8),), dynamic_shapes=dims(n))
+    res = fxviews.rewrite(ep)
+    assert [r.method for r in res.records] == ["synthesized"]
+    assert len(as_strided_nodes(res.exported_program.graph_module)) == 0
+    program = res.exported_program.module()
+    for k in (6, 9, 20):
+        x = make(k)
+        torch.testing.assert_close(program(x), module(x))
+    # vmap of the program's module at every batch position, against eager per sample.
+    for bd in (0, 1):
+        samples = [make(7) for _ in range(3)]
+        out = torch.func.vmap(program, in_dims=bd)(torch.stack(samples, dim=bd))
+        for b, sample in enumerate(samples):
+            torch.testing.assert_close(out[b], module(sample))
+
+
+def test_graph_inputs_holding_sizes_are_vmappable():
+    # The backward of the diagonal loss unflattens its flat gradient buffer into (n, n) with
+    # view(buffer, [n_input, n_input]) (the reshape step may make it a reshape): the sizes
+    # come from the graph's own int inputs, not
+    # from sym_size of a tensor, so vmap runs the rewritten graph at every batch position.
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    fn, make = TRAINED["diagonal_trained"]
+    compiled = torch.compile(fn, backend=fxviews.backend(inner=capture), dynamic=True)
+    run(compiled, make(6), True)
+    gm, example_inputs = graphs[-1]  # the backward graph
+    assert len(as_strided_nodes(gm)) == 0
+    assert any(
+        n.target in (aten.view.default, aten.reshape.default)
+        and any(isinstance(a, torch.fx.Node) for a in n.args[1])
+        for n in gm.graph.nodes
+    )
+    assert not any(n.target is aten.sym_size.int for n in gm.graph.nodes)
+
+    def tensors_of(graph):  # the backward returns None for inputs without a gradient
+        return lambda *args: [out for out in graph(*args) if out is not None]
+
+    def concrete(value):
+        if isinstance(value, torch.SymInt):
+            return int(value.node.hint)
+        return torch.randn([concrete(d) for d in value.shape])
+
+    for bd in (0, 1, -1):
+        samples = [[concrete(v) for v in example_inputs] for _ in range(3)]
+        batched, in_dims = [], []
+        for position, value in enumerate(samples[0]):
+            if isinstance(value, int):
+                batched.append(value)
+                in_dims.append(None)
+            else:
+                column = [sample[position] for sample in samples]
+                dim = value.dim() if bd == -1 else min(bd, value.dim())
+                batched.append(torch.stack(column, dim=dim))
+                in_dims.append(dim)
+        out = torch.func.vmap(tensors_of(gm), in_dims=tuple(in_dims))(*batched)
+        for b, sample in enumerate(samples):
+            for got, want in zip(out, tensors_of(gm)(*sample), strict=True):
+                torch.testing.assert_close(got[b], want)
+
+
+#: More symbolic geometries: name: (function, input of size n, whether it is rewritten).
+PROBES = {
+    "every_other": (lambda x: x.as_strided((x.shape[0] // 2,), (2,), 1), torch.randn, False),
+    "tail": (lambda x: x.as_strided((x.shape[0] - 3,), (1,), 3), torch.randn, True),
+    "last_column": (
+        lambda x: x.as_strided((x.shape[0],), (x.shape[1],), x.shape[1] - 1),
+        lambda n: torch.randn(n, n + 2),
+        True,
+    ),
+    "broadcast_column": (
+        lambda x: x[:, :1].as_strided((x.shape[0], 4), (x.shape[1], 0)),
+        lambda n: torch.randn(n, 5),
+        True,
+    ),
+    "flatten": (
+        lambda x: x.as_strided((x.shape[0] * x.shape[1],), (1,)),
+        lambda n: torch.randn(n, n + 1),
+        True,
+    ),
+    "transpose": (
+        lambda x: x.as_strided((x.shape[1], x.shape[0]), (1, x.shape[1])),
+        lambda n: torch.randn(n, n + 1),
+        True,
+    ),
+    "past_a_short_row": (
+        lambda x: x[1].as_strided((4,), (1,), x.shape[1]),
+        lambda n: torch.randn(n, n),
+        False,
+    ),
+}
+
+
+def outcome(fn, *args):
+    """``fn(*args)``, or the type of the error it raises."""
+    try:
+        return fn(*args)
+    except (RuntimeError, IndexError) as err:
+        return type(err)
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_symbolic_geometries_are_rewritten_or_kept_and_right_at_every_size(name):
+    fn, make, rewritten = PROBES[name]
+    res = fxviews.rewrite(make_fx(fn, tracing_mode="symbolic")(make(8)))
+    [record] = res.records
+    assert (record.method != "kept") == rewritten, record
+    for n in (3, 4, 5, 8, 13):
+        x = make(n)
+        want, got = outcome(fn, x), outcome(res.graph_module, x)
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want, msg=f"n={n}")
+        else:  # eager raises at this size: so must the graph
+            assert got is want, f"n={n}: {got}"
