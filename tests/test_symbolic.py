@@ -250,20 +250,28 @@ def test_scalar_mismatch_in_as_strided_sizes_stays_right():
 
 
 def test_pytorch_failures_are_reported_unchanged():
-    # Forward AD over views with dynamic shapes fails inside PyTorch's own tracing, before
-    # any backend sees a graph: fxviews must surface exactly PyTorch's error.
+    # Forward AD over views with dynamic shapes fails inside PyTorch's own tracing on torch
+    # 2.13 ("Cannot call storage_offset() on tensor with symbolic sizes"), before any backend
+    # sees a graph; later releases trace it. Either way fxviews must do what PyTorch's own
+    # backend does: raise exactly its error, or return the same values.
     args = [tuple(torch.randn(2, n) for _ in range(3)) for n in (6, 8)]
-    messages = []
+    outcomes = []
     for backend in ("aot_eager", fxviews.backend()):
         reset_dynamo()
         compiled = torch.compile(push_jvp, backend=backend)
         compiled(*args[0])
-        with pytest.raises(Exception) as info:
-            compiled(*args[1])
-        messages.append((type(info.value), str(info.value).splitlines()[0], str(info.value)))
-    assert "Cannot call storage_offset() on tensor with symbolic sizes" in messages[0][2]
-    assert messages[0][:2] == messages[1][:2]
-    assert "Cannot call storage_offset() on tensor with symbolic sizes" in messages[1][2]
+        try:
+            outcomes.append(("values", compiled(*args[1])))
+        except Exception as error:  # PyTorch's own failure, whatever its type
+            outcomes.append(("error", (type(error), str(error))))
+    (kind, plain), (fx_kind, fx) = outcomes
+    assert kind == fx_kind, outcomes
+    if kind == "error":
+        assert "Cannot call storage_offset() on tensor with symbolic sizes" in plain[1]
+        assert plain[0] is fx[0] and plain[1].splitlines()[0] == fx[1].splitlines()[0]
+    else:
+        torch.testing.assert_close(fx, push_jvp(*args[1]))
+        torch.testing.assert_close(plain, push_jvp(*args[1]))
 
 
 # --- torch.export with Dims ------------------------------------------------------------------
