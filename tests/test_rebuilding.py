@@ -6,8 +6,8 @@ import collections
 
 import pytest
 import torch
-from fxviews.passes.torch_internals import pytree
 
+from fxviews.passes.torch_internals import pytree
 from fxviews.rebuilding import output_rebuilder
 
 Pair = collections.namedtuple("Pair", "a b")
