@@ -342,7 +342,7 @@ def test_kept_in_place_as_strided_is_not_claimed_pinned() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Eager vmap fails where the transformed function is right; the seed graph is not touched.
+# Eager vmap fails where the transformed function is right; the push_jvp graph is not touched.
 # --------------------------------------------------------------------------------------------
 
 

@@ -147,14 +147,14 @@ def samples_for(n_args: int, shape=SHAPE, *, seed: int = 0, dtype=torch.float64,
 
 
 # --------------------------------------------------------------------------------------------
-# Transforms inside fn, vmap outside: the seed case and its relatives.
+# Transforms inside fn, vmap outside: the push_jvp example and its relatives.
 # --------------------------------------------------------------------------------------------
 
 
 def _inner_cases():
     for f in CORPUS:
         for name, (_, n_args) in INNER.items():
-            # Jacobians/Hessians of every corpus function cost more than they add; the seed and
+            # Jacobians/Hessians of every corpus function cost more than they add; push_jvp and
             # one multi-view function cover them.
             if name in ("jacfwd", "jacrev", "hessian") and f is chunks:
                 continue
