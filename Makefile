@@ -33,11 +33,16 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), each given whole
-# files, so a file's cached traces and module-scoped fixtures are built once.
+# files, so a file's cached traces and module-scoped fixtures are built once. A crashed worker
+# ends the run (xdist's loadfile scheduling can wait forever for a replaced worker), and a
+# test running over TEST_TIMEOUT seconds fails with every thread's stack (pytest-timeout).
 TEST_WORKERS ?= 2
+TEST_TIMEOUT ?= 900
+PYTEST_SUITE := -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	--max-worker-restart 0 --timeout $(TEST_TIMEOUT) tests
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest $(PYTEST_SUITE)
 
 # `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES
 # random cases (7 properties: 21k at the default) and the fixed differential corpora run too.
@@ -64,7 +69,7 @@ $(NEWEST_STAMP): pyproject.toml | $(NEWEST_PY)
 
 test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
-	$(NEWEST_PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
+	$(NEWEST_PY) -m pytest $(PYTEST_SUITE)
 
 demo: setup
 	$(PY) -m fxviews demo

@@ -85,9 +85,9 @@ def transform(
     ``fxviews`` logger and counts the signature in ``cache_info().eager``. ``strict=True``
     raises instead.
 
-    Tracing and cache updates hold one process-wide lock (tracing ``torch.func`` code is not
-    reentrant across threads); calls that find their graph in the cache take no lock, so a
-    transformed function may be called from many threads at once.
+    Tracing, cache updates and eager calls hold one process-wide lock (``torch.func`` code,
+    traced or eager, is not reentrant across threads); calls that find their graph in the cache
+    take no lock, so a transformed function may be called from many threads at once.
 
     Args:
         fn: the function to transform. Non-tensor arguments are part of the signature and
@@ -135,7 +135,11 @@ def transform(
     def transformed(*args: Any, **kwargs: Any) -> Any:
         entry, tensors = cache.lookup(args, kwargs)
         if entry.graph_module is None:
-            return fn(*args, **kwargs)
+            # Eager torch.func is not thread-safe (forward-AD levels and the functorch
+            # interpreter state are process-wide): concurrent eager jvp calls return wrong
+            # tangents or crash the process. Eager calls take the tracing lock, as traces do.
+            with tracing_lock:
+                return fn(*args, **kwargs)
         return entry.run(tensors)
 
     transformed.cache_info = cache.info  # type: ignore[attr-defined]
