@@ -22,14 +22,18 @@ Three ways to select it::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
 from torch.fx import GraphModule
 
+from fxviews.passes.errors import FxViewsError
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
-from fxviews.printouts import report_rewrite
+from fxviews.printouts import logger, report_rewrite
 from fxviews.rewriting import rewrite_in_place
+from fxviews.torch_state import preserved_torch_state
 from fxviews.tracing import tracing_lock
 
 #: What an inner compiler returns: a function of the graph's inputs (boxed or not).
@@ -59,7 +63,8 @@ def backend(
 
     ``strict=True`` makes an ``as_strided`` the engine must keep an error
     (:class:`fxviews.UnsafeAsStridedError`, surfaced by Dynamo as a backend failure) instead of
-    leaving it to the inner compiler. ``decompositions`` replaces the decomposition table of the
+    leaving it to the inner compiler, and a graph PyTorch's AOT lowering fails on an error instead
+    of running it as eager PyTorch. ``decompositions`` replaces the decomposition table of the
     lowering (default: none for eager and callables, as ``aot_eager``; Inductor's own table for
     Inductor). Any other keyword is an Inductor config patch (what ``torch.compile(...,
     options=...)`` takes for ``backend="inductor"``), so it requires ``inner="inductor"``.
@@ -149,7 +154,7 @@ def _aot_backend(
         keep_inference_input_mutations=True,
         decompositions=decompositions,
     )
-    return _serialized(lower, f"fxviews_{inner_name}")
+    return _serialized(lower, f"fxviews_{inner_name}", strict)
 
 
 def _inductor_backend(
@@ -188,27 +193,72 @@ def _inductor_backend(
                 decompositions=decompositions,
             )
 
-    return _serialized(fxviews_inductor, "fxviews_inductor")
+    return _serialized(fxviews_inductor, "fxviews_inductor", strict)
 
 
-def _serialized(compile_fn: Backend, name: str) -> Backend:
-    """``compile_fn`` under the process-wide tracing lock that ``transform`` and ``trace`` hold.
+@dataclass
+class _Lowering:
+    """One lowering of a Dynamo graph; ``reached_engine`` once an AOT graph reaches fxviews."""
+
+    reached_engine: bool = False
+
+
+_CURRENT_LOWERING: ContextVar[_Lowering | None] = ContextVar("fxviews_lowering", default=None)
+
+
+def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
+    """``compile_fn`` under the process-wide tracing lock, falling back to eager PyTorch where
+    PyTorch's own lowering fails.
 
     AOTAutograd traces torch.func code much as fxviews' tracer does, and the two must not run
     in two threads at once (forward-AD levels and dispatch modes are process-wide).
+
+    AOTAutograd cannot lower every program Dynamo captures (measured on torch 2.13: in-place
+    writes into a buffer whose earlier slices autograd saved, which trips its version counter
+    check; a vjp under vmap whose functionalized ``as_strided_scatter`` goes out of bounds at a
+    batch dim that is not first). ``aot_eager`` and Inductor fail there too, but the ``eager``
+    backend runs them. So when the lowering raises before any AOT graph reached the engine,
+    the Dynamo graph runs as eager PyTorch (its Python code, as the ``eager`` backend runs it),
+    with a warning through the ``fxviews`` logger; PyTorch's thread state is restored first.
+    ``strict=True`` raises instead. Errors from the engine or the inner compiler are never
+    swallowed.
     """
 
     def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
-        with tracing_lock:
-            return compile_fn(gm, example_inputs)
+        lowering = _Lowering()
+        token = _CURRENT_LOWERING.set(lowering)
+        try:
+            with tracing_lock, preserved_torch_state():
+                return compile_fn(gm, example_inputs)
+        except RuntimeError as err:
+            if strict or lowering.reached_engine or isinstance(err, FxViewsError):
+                raise
+            logger.warning(
+                "backend=%r runs this graph as eager PyTorch: PyTorch's AOT lowering failed "
+                "before fxviews saw it (%s: %s)",
+                name,
+                type(err).__name__,
+                _first_line(err),
+            )
+            return gm.forward
+        finally:
+            _CURRENT_LOWERING.reset(token)
 
     # torch.compile names the backend after __name__ in its logs and errors.
     serialized.__name__ = name
     return serialized
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
     """Run the engine and graph hygiene on ``gm`` itself: AOTAutograd made it for us alone."""
+    lowering = _CURRENT_LOWERING.get()
+    if lowering is not None:
+        lowering.reached_engine = True
     report_rewrite(rewrite_in_place(gm, strict=strict), source=f"backend, {_graph_name(kind)}")
 
 

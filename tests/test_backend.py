@@ -216,6 +216,50 @@ def test_strict_option_raises_on_unsafe_as_strided():
     assert isinstance(info.value.inner_exception, fxviews.UnsafeAsStridedError)
 
 
+# --- where PyTorch's AOT lowering fails ---------------------------------------------------------
+
+WEIGHT = torch.randn(3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+
+def unrolled_in_place(x):
+    """Each step reads the previous row of ``h`` and writes the next one in place. Autograd saved
+    the row it multiplied, so AOTAutograd's joint trace trips the version counter check (eager
+    PyTorch only would, at a backward nobody calls)."""
+    h = x.new_zeros(3, 3)
+    previous = h[:1]
+    for t in range(3):
+        h[t] = torch.tanh(previous[0] * WEIGHT + x[t])
+        previous = h[t : t + 1]
+    return h
+
+
+def test_aot_lowering_failure_runs_the_graph_as_eager_pytorch(caplog):
+    x = torch.randn(3, 3)
+    with pytest.raises(BackendCompilerFailed, match="modified by an inplace operation"):
+        torch.compile(unrolled_in_place, backend="aot_eager")(x)  # PyTorch's own AOT backend
+    reset_dynamo()
+    with caplog.at_level("WARNING", logger="fxviews"):
+        actual = torch.compile(unrolled_in_place, backend="fxviews")(x)
+    torch.testing.assert_close(actual, unrolled_in_place(x))
+    assert "runs this graph as eager PyTorch" in caplog.text
+    assert "modified by an inplace operation" in caplog.text
+
+
+def test_aot_lowering_failure_raises_under_strict():
+    compiled = torch.compile(unrolled_in_place, backend=fxviews.backend(strict=True))
+    with pytest.raises(BackendCompilerFailed, match="modified by an inplace operation"):
+        compiled(torch.randn(3, 3))
+
+
+def test_inner_compiler_errors_are_not_swallowed():
+    def failing_inner(gm, example_inputs):
+        raise RuntimeError("inner compiler refuses")
+
+    compiled = torch.compile(sliding_windows, backend=fxviews.backend(inner=failing_inner))
+    with pytest.raises(BackendCompilerFailed, match="inner compiler refuses"):
+        compiled(torch.randn(6))
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_dynamic_shapes_compile_and_match_eager(dynamic):
     # dynamic=None recompiles with symbolic shapes on the second size, as users meet it

@@ -4,9 +4,11 @@ Each program is a small block of the kind real models are made of (written here,
 no downloads): a ResNet basic block, a ShuffleNet channel shuffle, Swin window attention, a ViT
 block, a decoder step writing a static KV cache in place, YOLO box decoding in place on slices,
 per-sample gradients through ``functional_call``, model ensembling with ``stack_module_state``,
-and ``jvp``/``jacfwd``/``hessian`` through normalization layers. Every program runs under
-``vmap`` with the batch dim physically at 0, 1 and last, and must equal the same program run
-eagerly one sample at a time (outputs, and inputs it mutates in place).
+``jvp``/``jacfwd``/``hessian`` through normalization layers, a GRU unrolled into a buffer written
+in place, ``vjp`` with ``has_aux``, a neural tangent kernel's Jacobian row, a spectrogram
+(``stft``), ``scaled_dot_product_attention``, ``linearize``, ``scatter_add_`` into a row.
+Every program runs under ``vmap`` with the batch dim physically at 0, 1 and last, and must equal the
+same program run eagerly one sample at a time (outputs, and inputs it mutates in place).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.func import functional_call, grad, hessian, jacfwd, jvp, vmap
+from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
 
 import fxviews
 from tests.reference import assert_tree_close
@@ -334,6 +336,118 @@ def _jvp_view_then_norm() -> Program:
     )
 
 
+class GRUSteps(nn.Module):
+    """A GRU cell unrolled over a sequence, each step's state written in place into a
+    preallocated buffer (``h[t] = ...``) and read back as the next step's input."""
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(inputs, hidden)
+        self.hidden = hidden
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        states = xs.new_zeros(xs.shape[0], self.hidden)
+        scaled = xs.new_zeros(xs.shape[0], self.hidden)
+        previous = states[:1]
+        for t in range(xs.shape[0]):
+            step = self.cell(xs[t : t + 1], previous)
+            states[t] = step[0]
+            scaled[t].copy_(step[0] * 2)
+            previous = states[t : t + 1]
+        return scaled, states
+
+
+def _gru_steps() -> Program:
+    gru = _init(GRUSteps(3, 4), seed=15)
+    return Program("gru_inplace_steps", gru, lambda s: (_randn(5, 3, seed=s),), (True,))
+
+
+def _vjp_shift_aux() -> Program:
+    """``vjp`` with ``has_aux`` of a shift written in place on a clone (``b[1:] = b[:-1]``)."""
+
+    def shift(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b = a.clone()
+        b[1:] = b[:-1] * 2
+        return b, b.sum()
+
+    def pull_back(x: torch.Tensor, cotangent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, vjp_fn, aux = vjp(shift, x, has_aux=True)
+        return vjp_fn(cotangent)[0], aux
+
+    sample = lambda s: (_randn(5, seed=s), _randn(5, seed=s + 1))  # noqa: E731
+    return Program("vjp_shift_aux", pull_back, sample, (True, True))
+
+
+def _ntk_row() -> Program:
+    """A row of a neural tangent kernel's Jacobian: ``jacrev`` over ``functional_call``."""
+    mlp = _init(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)), seed=16)
+    params = {k: v.detach() for k, v in mlp.named_parameters()}
+
+    def jacobian_row(x: torch.Tensor) -> torch.Tensor:
+        out = lambda p: functional_call(mlp, p, (x.unsqueeze(0),)).squeeze(0)  # noqa: E731
+        return torch.cat([j.flatten(1) for j in jacrev(out)(params).values()], 1)
+
+    return Program("ntk_jacobian_row", jacobian_row, lambda s: (_randn(4, seed=s),), (True,))
+
+
+def _stft() -> Program:
+    """A spectrogram: ``torch.stft`` frames its input with ``as_strided`` internally."""
+    window = torch.hann_window(8)
+
+    def spectrogram(x: torch.Tensor) -> torch.Tensor:
+        return torch.stft(x, 8, hop_length=2, window=window, return_complex=True).abs()
+
+    return Program("stft_magnitude", spectrogram, lambda s: (_randn(32, seed=s),), (True,))
+
+
+def _sdpa() -> Program:
+    """Attention with ``scaled_dot_product_attention`` over heads split by a transpose."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)))
+
+    sample = lambda s: tuple(_randn(5, 2, 4, seed=s + i) for i in range(3))  # noqa: E731
+    return Program("sdpa_heads", attend, sample, (True, True, True))
+
+
+def _linearize() -> Program:
+    """``torch.func.linearize``: eager vmap has no batching rule for its ``_make_dual``."""
+
+    def value_and_tangent(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, jvp_fn = linearize(lambda a: a.sin().cumsum(0), x)
+        return out, jvp_fn(t)
+
+    sample = lambda s: (_randn(5, seed=s), _randn(5, seed=s + 1))  # noqa: E731
+    return Program("linearize_cumsum", value_and_tangent, sample, (True, True))
+
+
+def _scatter_rows() -> Program:
+    """``scatter_add_`` into a row of a buffer, then an in-place write through a strided slice."""
+
+    def scatter(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        buffer = x.new_zeros(3, 6)
+        buffer[1].scatter_add_(0, index, x)
+        buffer[:, ::2].add_(1)
+        return buffer
+
+    def sample(seed: int) -> tuple[Any, ...]:
+        return (_randn(6, seed=seed), torch.randint(0, 6, (6,), generator=_seeded(seed)))
+
+    return Program("scatter_add_rows", scatter, sample, (True, True))
+
+
+def _masked_diag_jacfwd() -> Program:
+    """``jacfwd`` through writes on a diagonal view and ``masked_fill_`` of a clone."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        m = x.outer(x).clone()
+        m.diagonal().fill_(0)
+        m.masked_fill_(m > 1, 1.0)
+        return m.sum(1)
+
+    return Program("jacfwd_masked_diagonal", jacfwd(f), lambda s: (_randn(4, seed=s),), (True,))
+
+
 PROGRAMS = [
     _resnet(),
     _shuffle(),
@@ -348,6 +462,14 @@ PROGRAMS = [
     _norm_jacfwd(),
     _norm_hessian(),
     _jvp_view_then_norm(),
+    _gru_steps(),
+    _vjp_shift_aux(),
+    _ntk_row(),
+    _stft(),
+    _sdpa(),
+    _linearize(),
+    _scatter_rows(),
+    _masked_diag_jacfwd(),
 ]
 
 
