@@ -86,6 +86,7 @@ from .torch_internals import (
     OpOverload,
     disable_current_modes,
     graph_pytree_info,
+    install_graph,
 )
 
 aten = torch.ops.aten
@@ -200,7 +201,9 @@ class AsStridedToViews(RecordingPass):
             work = LazyGraphModule(graph_module, copy_graph(graph_module.graph))
             modified, records = self._rewrite_all(work)
             if modified:
-                graph_module.graph = work.graph  # the setter also recompiles
+                install_graph(graph_module, work.graph)
+                if self.recompile:
+                    graph_module.recompile()
             return RecordedPassResult(graph_module, modified, records)
 
     def _rewrite_all(self, graph_module: torch.fx.GraphModule) -> tuple[bool, list[Record]]:

@@ -217,6 +217,16 @@ def graph_pytree_info(graph: torch.fx.Graph) -> Any:
     return getattr(graph._codegen, "pytree_info", None)
 
 
+def install_graph(graph_module: torch.fx.GraphModule, graph: torch.fx.Graph) -> None:
+    """Make ``graph`` the graph of ``graph_module`` without generating its code.
+
+    What the ``GraphModule.graph`` setter does (``_graph``, ``owning_module``, 1.8) minus its
+    ``recompile()``: for a caller that edits the graph further and recompiles once at the end.
+    """
+    graph_module._graph = graph
+    graph.owning_module = graph_module
+
+
 def op_schema(op: OpOverload) -> torch._C.FunctionSchema:
     """The schema of an aten operator overload (its ``_schema``, 1.12).
 
@@ -348,6 +358,7 @@ BOUND_NAMES = (
     "set_python_dual_level",
     "is_zerotensor",
     "graph_pytree_info",
+    "install_graph",
     "op_schema",
     "storage_identity",
     "is_boxed_call",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from fxviews.examples import push_jvp, seed_args
 from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
 from fxviews.passes.geometry import Geometry
 from fxviews.passes.op_tables import METADATA_MUTATIONS
+from fxviews.rewriting import rewrite_in_place
 from tests.reference import as_strided_nodes
 
 aten = torch.ops.aten
@@ -403,6 +405,24 @@ def test_strict_mode_installs_the_rewrite_when_every_node_is_proven() -> None:
     gm = fxviews.trace(lambda x: torch.as_strided(x, (5,), (1,), 5) * 1, torch.randn(3, 5))
     result = PassManager(passes=[AsStridedToViews(strict=True)])(gm)
     assert result.modified and as_strided_nodes(gm) == []
+    assert gm.code == gm.graph.python_code("self").src
+    x = torch.randn(5, 3).t()
+    torch.testing.assert_close(gm(x), x[1])
+
+
+def test_strict_rewrite_in_place_generates_code_once(monkeypatch) -> None:
+    gm = fxviews.trace(lambda x: torch.as_strided(x, (5,), (1,), 5) * 1, torch.randn(3, 5))
+    generated: list[torch.fx.Graph] = []
+    python_code = torch.fx.Graph.python_code
+
+    def counting(graph: torch.fx.Graph, *args: Any, **kwargs: Any) -> Any:
+        generated.append(graph)
+        return python_code(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counting)
+    result = rewrite_in_place(gm, strict=True)
+    assert result.modified and len(generated) == 1 and generated[0] is gm.graph
+    monkeypatch.undo()
     assert gm.code == gm.graph.python_code("self").src
     x = torch.randn(5, 3).t()
     torch.testing.assert_close(gm(x), x[1])
