@@ -5,13 +5,39 @@
 outside it (``vmap``, ``jvp``, ``grad``, ...) then see ordinary view ops, whose batching and
 differentiation rules follow the real layout of their input, instead of ``as_strided`` calls
 that hard-code the layout of the example they were traced on.
+
+Note [The cached call]
+~~~~~~~~~~~~~~~~~~~~~~
+Hot loops call a transformed function with the same positional tensors again and again, so a
+cache hit for such a call costs as little as the checks it must make: the signature key, one
+dict lookup, the LRU bookkeeping, the graph's generated ``forward`` and the output rebuild
+(``fxviews/rebuilding.py``). It is written out in the ``transformed`` closure itself, since
+each Python call layer costs about as much as the dict lookup:
+
+1. The key of an all-tensor positional call is the tuple of each tensor's ``(shape, dtype,
+   device)``: one pass over the arguments, no pytree flattening, no call per tensor. Its
+   nine attribute reads are most of a hit's cost (~1 us of ~2 us for three tensors). Every
+   other call (keywords, non-tensor or nested arguments) takes the general key, pytree spec
+   plus leaf keys (:meth:`_GraphCache.lookup`); the two kinds never compare equal, since a
+   TreeSpec is not a ``(shape, dtype, device)`` triple.
+2. The entry is read without a lock, and a hit stamps it with the next tick of the cache's
+   clock (``itertools.count``, whose ``next`` is atomic). The least recently used entry is
+   the one with the oldest stamp, found when a miss overflows the cache. An ``OrderedDict``
+   kept in use order would need ``move_to_end`` on every hit, which hashes and compares the
+   key a second time (about as long as the lookup); eviction, which pays instead, is rare
+   and runs next to a trace that takes milliseconds.
+3. Misses, eager signatures (``fn`` could not be traced) and general keys go through
+   :meth:`_GraphCache.call`, which builds entries under the tracing lock.
+
+Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
+are the logical per-sample ones, read in C++ like a plain tensor's: the key costs the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections import OrderedDict
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -130,17 +156,27 @@ def transform(
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
+    entries, clock = cache.entries, cache.clock  # the cache's own (never replaced)
 
     @functools.wraps(fn)
     def transformed(*args: Any, **kwargs: Any) -> Any:
-        entry, tensors = cache.lookup(args, kwargs)
-        if entry.graph_module is None:
-            # Eager torch.func is not thread-safe (forward-AD levels and the functorch
-            # interpreter state are process-wide): concurrent eager jvp calls return wrong
-            # tangents or crash the process. Eager calls take the tracing lock, as traces do.
-            with tracing_lock:
-                return fn(*args, **kwargs)
-        return entry.run(tensors)
+        # The cache hit of positional tensors, written out (Note [The cached call]). Its key:
+        # each tensor's _tensor_key, or None when there are keywords or a non-tensor.
+        key: tuple[Any, ...] | None = None
+        if not kwargs:
+            metadata = []
+            for arg in args:
+                if not isinstance(arg, torch.Tensor):
+                    break
+                metadata.append((arg.shape, arg.dtype, arg.device))
+            else:
+                key = tuple(metadata)
+        entry = entries.get(key) if key is not None else None
+        if entry is None or entry.forward is None:
+            return cache.call(args, kwargs, key)
+        cache.hits += 1
+        entry.last_used = next(clock)
+        return entry.rebuild(entry.forward(*args))  # type: ignore[misc]
 
     transformed.cache_info = cache.info  # type: ignore[attr-defined]
     transformed.cache_clear = cache.clear  # type: ignore[attr-defined]
@@ -162,34 +198,34 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
     return rewrite(trace(fn, *args), strict=strict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """One cached graph and how to map arguments to it and its outputs back to ``fn``'s.
 
-    ``graph_module`` is None when ``fn`` could not be traced for this signature and runs
-    eagerly; ``eager_reason`` then says why.
+    ``forward`` is None when ``fn`` could not be traced for this signature and runs eagerly;
+    ``eager_reason`` then says why.
     """
 
-    graph_module: torch.fx.GraphModule | None
+    # The graph module's generated forward itself: a traced graph has no hooks, so
+    # nn.Module.__call__ would only add overhead to every call.
+    forward: Callable[..., list[Any]] | None
     input_positions: tuple[int, ...] = ()
     # fn's output tree from the graph's flat outputs (constants of the signature included).
     rebuild: Rebuilder | None = None
     # Unhashable non-tensor arguments are keyed by id(); holding them keeps the ids unique.
     keepalive: tuple[Any, ...] = ()
     eager_reason: str | None = None
-
-    def run(self, tensors: Sequence[Any]) -> Any:
-        # The generated forward itself: a traced graph has no hooks, so nn.Module.__call__
-        # would only add overhead to every call.
-        return self.rebuild(self.graph_module.forward(*tensors))  # type: ignore[misc,union-attr]
+    # The cache clock's tick at the last call that used this entry (Note [The cached call]).
+    last_used: int = 0
 
 
 class _GraphCache:
     """A bounded LRU map from input signatures to traced, rewritten graphs of one function.
 
-    Lookups take no lock: a hit only reads the map. Misses build under the process-wide
-    tracing lock, and look again once they hold it, so threads missing on the same signature
-    trace it once.
+    Lookups take no lock: a hit only reads the map and stamps the entry with ``clock``'s next
+    tick. Misses build under the process-wide tracing lock, and look again once they hold it,
+    so threads missing on the same signature trace it once; one that overflows the map evicts
+    the entry with the oldest stamp.
     """
 
     def __init__(
@@ -199,25 +235,34 @@ class _GraphCache:
         self.strict = strict
         self.functionalize = functionalize
         self.maxsize = maxsize
-        self.entries: OrderedDict[Any, _Entry] = OrderedDict()
+        self.entries: dict[Any, _Entry] = {}
+        self.clock = itertools.count(1)  # ticks of use: an entry's last_used is one of them
         self.hits = 0
         self.misses = 0
 
-    def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
+        """``fn(*args, **kwargs)`` through the cache: the calls the inline hit does not finish.
+
+        ``key`` is the call's positional key (Note [The cached call]), or None when it has none.
+        """
+        entry, tensors = self.lookup(args, kwargs, key)
+        if entry.forward is None:
+            # Eager torch.func is not thread-safe (forward-AD levels and the functorch
+            # interpreter state are process-wide): concurrent eager jvp calls return wrong
+            # tangents or crash the process. Eager calls take the tracing lock, as traces do.
+            with tracing_lock:
+                return self.fn(*args, **kwargs)
+        return entry.rebuild(entry.forward(*tensors))  # type: ignore[misc]
+
+    def lookup(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any
+    ) -> tuple[_Entry, Sequence[Any]]:
         """The entry for this call's signature (built on a miss) and the tensors to run it on."""
-        if not kwargs:
-            # The common call, only positional tensors, skips pytree flattening: the bulk of the
-            # cached path's overhead on small graphs. One pass builds the key (as _tensor_key)
-            # and finds out whether every argument is a tensor.
-            tensor_keys = tuple(
-                [(a.shape, a.dtype, a.device) for a in args if isinstance(a, torch.Tensor)]
-            )
-            if len(tensor_keys) == len(args):
-                entry = self._get(tensor_keys)
-                if entry is None:
-                    flat = pytree.tree_flatten((args, kwargs))
-                    entry = self._insert(tensor_keys, *flat, keepalive=())
-                return entry, args
+        if key is not None:
+            entry = self._get(key)
+            if entry is None:
+                entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
+            return entry, args
         leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
         key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
@@ -230,10 +275,7 @@ class _GraphCache:
         entry = self.entries.get(key)
         if entry is not None:
             self.hits += 1
-            try:
-                self.entries.move_to_end(key)
-            except KeyError:  # another thread evicted it since the read: the entry still works
-                pass
+            entry.last_used = next(self.clock)
         return entry
 
     def _insert(
@@ -245,14 +287,16 @@ class _GraphCache:
                 return entry
             self.misses += 1
             entry = self._build(spec, leaves, keepalive)
+            entry.last_used = next(self.clock)
             self.entries[key] = entry
             if len(self.entries) > self.maxsize:
-                self.entries.popitem(last=False)
+                entries = self.entries
+                del entries[min(entries, key=lambda k: entries[k].last_used)]
             return entry
 
     def info(self) -> CacheInfo:
         entries = list(self.entries.values())
-        eager = sum(entry.graph_module is None for entry in entries)
+        eager = sum(entry.forward is None for entry in entries)
         return CacheInfo(self.hits, self.misses, self.maxsize, len(entries), eager)
 
     def clear(self) -> None:
@@ -273,7 +317,7 @@ class _GraphCache:
                 function_name(self.fn),
                 err,
             )
-            return _Entry(graph_module=None, keepalive=keepalive, eager_reason=str(err))
+            return _Entry(forward=None, keepalive=keepalive, eager_reason=str(err))
 
     def _build_graph(
         self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
@@ -304,7 +348,7 @@ class _GraphCache:
             result = rewrite_in_place(gm, strict=self.strict)
         report_rewrite(result, source=f"transform({name})")
         return _Entry(
-            graph_module=result.graph_module,
+            forward=result.graph_module.forward,
             input_positions=positions,
             rebuild=output_rebuilder(
                 out_info["spec"], out_info["from_graph"], out_info["constants"]

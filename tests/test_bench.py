@@ -12,8 +12,11 @@ import sys
 import warnings
 
 import pytest
+import torch
 
+import fxviews
 from fxviews import bench
+from fxviews.examples import push_jvp, seed_args
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
 FAST_ROWS = ("vmap", "graph", "overhead")
@@ -47,6 +50,8 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
         "pass_us_per_node",
         "pass/",
         "tf/",
+        "tf - flat",
+        "graph - flat",
         "fxviews/",
         "break_even",
     ):
@@ -68,6 +73,15 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     # Inductor is left out of --quick, and says so instead of printing a number.
     assert rows["first_call"][-1]["first_call_s"] is None
     assert "quick" in rows["first_call"][-1]["note"]
+    # Row 5: the cached call against its graph returning fn's tree and a flat list, called
+    # directly and under vmap, every path measured and the differences consistent with them.
+    overhead = rows["overhead"]
+    assert [line["call"] for line in overhead] == ["direct", f"vmap, B={bench.OVERHEAD_BATCH}"]
+    for line in overhead:
+        assert all(line[k] > 0 for k in ("tf_s", "graph_s", "flat_graph_s"))
+        assert line["overhead_s"] == line["tf_s"] - line["graph_s"]
+        assert line["overhead_flat_s"] == line["tf_s"] - line["flat_graph_s"]
+        assert line["tree_cost_s"] == line["graph_s"] - line["flat_graph_s"]
     assert len(rows["compile"]) == 2
     # Row 7: the transform and the compiled paths that run without Inductor are measured, the
     # Inductor ones say they were skipped; each compiled path that ran has a break-even.
@@ -134,3 +148,18 @@ def test_plot_without_matplotlib_names_the_extra(tiny, capsys, monkeypatch) -> N
     printed = capsys.readouterr().out
     assert "fxviews[bench]" in printed
     assert bench.BENCHES["vmap"][0] not in printed  # refused before measuring
+
+
+def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
+    """Row 5 compares two graphs that differ only in how they return push_jvp's four tensors."""
+    args = seed_args()
+    (view, base), (view_t, base_t) = push_jvp(*args)  # eager: the reference
+    tree = bench.rewritten(fxviews.trace(push_jvp, *args))
+    flat = bench.rewritten(fxviews.trace(bench._flat_push_jvp, *args))
+    torch.testing.assert_close(tree.forward(*args), ((view, base), (view_t, base_t)))
+    torch.testing.assert_close(flat.forward(*args), [view, base, view_t, base_t])
+
+    def ops(gm):
+        return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+    assert ops(tree) == ops(flat) and ops(tree)

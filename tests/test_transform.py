@@ -504,6 +504,44 @@ def test_cache_is_bounded_lru():
     assert tf.cache_info() == (0, 0, 2, 0, 0)
 
 
+def test_cache_keys_on_device():
+    calls = []
+
+    def double(x):
+        calls.append(x.device)
+        return x * 2
+
+    tf = fxviews.transform(double)
+    assert torch.equal(tf(torch.ones(2)), torch.full((2,), 2.0))
+    on_meta = tf(torch.ones(2, device="meta"))
+    assert on_meta.device.type == "meta" and on_meta.shape == (2,)
+    tf(torch.ones(2))
+    assert [d.type for d in calls] == ["cpu", "meta"]
+    assert tf.cache_info()[:2] == (1, 2)
+
+
+def test_lru_counts_every_hit_of_both_key_kinds():
+    """Positional-tensor calls (the inline hit) and keyword calls (the general key) share one
+    LRU order; a run of hits on one signature keeps it the most recently used."""
+    traced = []
+
+    def scaled(x, scale=1):
+        traced.append((x.shape[0], scale))
+        return x * scale
+
+    tf = fxviews.transform(scaled, cache_size=2)
+    a, b = torch.ones(1), torch.ones(2)
+    tf(a), tf(a, scale=3), tf(a), tf(a)  # a used last, (a, scale=3) before it
+    tf(b)  # evicts (a, scale=3)
+    assert tf.cache_info()[:2] == (2, 3)
+    tf(a)
+    tf(a, scale=3)  # traced again; evicts b, now the least recently used
+    tf(a)
+    tf(b)
+    assert traced == [(1, 1), (1, 3), (2, 1), (1, 3), (2, 1)]
+    assert tf.cache_info() == (4, 5, 2, 2, 0)
+
+
 def test_unhashable_non_tensor_argument_is_keyed_by_identity():
     class Config:  # unhashable on purpose
         __hash__ = None
@@ -632,7 +670,7 @@ def test_data_dependent_control_flow_runs_eagerly_and_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="fxviews"):
         assert torch.equal(tf(x), branchy(x))
         assert torch.equal(tf(-x), branchy(-x))  # the other branch: no graph baked one in
-    assert tf.cache_info().eager == 1
+    assert tf.cache_info()[:2] == (1, 1) and tf.cache_info().eager == 1  # the hit: once
     warnings = [r for r in caplog.records if "eagerly" in r.getMessage()]
     assert len(warnings) == 1 and "branchy" in warnings[0].getMessage()
     batched = torch.stack([x, -x], dim=1)
