@@ -51,9 +51,10 @@ so one op less is measurable. The rewrite is made only when each of these is pro
 Under ``grad`` and ``jvp`` the two graphs agree too: ``copy_``'s derivative routes ``b``'s
 gradient (and tangent) into the clone and gives ``a`` none; ``clone(b)`` does the same (equal
 dtypes and sizes: no cast, no reduction of a broadcast). Graphs from torch.compile's backend
-(functionalized: a ``copy_`` only writes back into inputs) and exported programs rarely hold
-the pattern; where they do, the same proof applies, and a returned ``copy_`` becomes its
-clone in the output list, the position export's signature follows.
+and exported programs are functionalized: the overwrite is an out-of-place ``copy(clone, b)``,
+not this pattern, and a ``copy_`` there writes back into a graph input, not into a clone. Where
+such a graph does hold the pattern the same proof applies, and a returned ``copy_`` becomes
+its clone in the output list, the position export's signature follows.
 
 Every candidate (a ``copy_`` whose destination is a clone node) gets a record: method
 ``"reclone"`` with the clone's new call, or ``"kept"`` with the first condition that failed.
@@ -73,7 +74,7 @@ import torch
 import torch.fx
 
 from .aliasing import AliasAnalysis, is_opaque
-from .graph_edits import OutputDeferringReplacer, describe_call
+from .graph_edits import OutputDeferringReplacer, describe_call, tensor_val
 from .op_tables import LAYOUT_VIEWS, METADATA_MUTATIONS
 from .pinning import layout_dependence
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
@@ -244,7 +245,7 @@ def _unreadable_call(
     if non_blocking is not False:
         return f"{copy.name} is non_blocking"
     for node in (clone.args[0], clone, source):
-        if not isinstance(node, torch.fx.Node) or _tensor_val(node) is None:
+        if not isinstance(node, torch.fx.Node) or tensor_val(node) is None:
             return f"{getattr(node, 'name', node)} has no tensor metadata"
     return None
 
@@ -301,13 +302,8 @@ def _proven_equal(a: Any, b: Any, facts: ShapeFacts | None) -> bool:
         return False
 
 
-def _tensor_val(node: torch.fx.Node) -> torch.Tensor | None:
-    val = node.meta.get("val")
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _val(node: torch.fx.Node) -> torch.Tensor:
-    val = _tensor_val(node)
+    val = tensor_val(node)
     assert val is not None  # condition 1 was checked first
     return val
 
