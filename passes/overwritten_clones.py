@@ -102,11 +102,14 @@ class OverwrittenClones(RecordingPass):
     Only where Note [Overwritten clones] proves it; mutates its input. Its result's ``records``
     hold one :class:`Record` per clone overwritten by a ``copy_``: ``"reclone"`` or ``"kept"``.
 
+    Run it after the dead metadata checks are gone (``_has_same_storage_numel`` reads a
+    layout, which keeps every clone it is downstream of), as ``fxviews.rewrite`` does.
+
     Example::
 
-        >>> gm = fxviews.trace(push_jvp, x, y, yt)
+        >>> gm = fxviews.trace(push_jvp, x, y, yt); remove_dead_pure_nodes(gm)
         >>> [(r.before, r.after) for r in OverwrittenClones()(gm).records]
-        [('clone(arg0_1); copy_(clone, arg1_1)', 'clone(arg1_1)')]
+        [('clone(x_1); copy_(clone, alias)', 'clone(alias)')]
     """
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
