@@ -62,7 +62,8 @@ Facts are gathered once, on the graph as it came; a rewrite only moves a read of
 over a stretch where nothing writes ``b`` (4) and keeps every value, so it makes no other
 candidate's conditions false.
 
-Cost: one scan for candidates; with any, one alias analysis and one reverse sweep.
+Cost: one scan for candidates; with any, one numbering of the nodes, then, only when a
+candidate gets that far, one alias analysis (4) and one reverse sweep (5b).
 """
 
 from __future__ import annotations
@@ -147,13 +148,16 @@ class OverwrittenClones(RecordingPass):
 
 
 class _Proof:
-    """The facts of one graph the conditions read, gathered once (the layout sweep when first
-    needed)."""
+    """The facts of one graph the conditions read, each gathered once: positions at once, the
+    alias analysis and the layout sweep when a candidate first gets that far."""
 
     def __init__(self, graph: torch.fx.Graph) -> None:
         self.graph = graph
-        self.aliases = AliasAnalysis(graph)
-        self.position = self.aliases.position
+        self.position = {node: i for i, node in enumerate(graph.nodes)}
+
+    @functools.cached_property
+    def aliases(self) -> AliasAnalysis:
+        return AliasAnalysis(self.graph)
 
     def why_kept(self, clone: torch.fx.Node, copy: torch.fx.Node) -> str | None:
         """The first condition of Note [Overwritten clones] that fails, or None if all hold."""
