@@ -107,6 +107,8 @@ def rewrite_exported(
         code_before=result.code_before,
         seconds=result.seconds,
         view_records=result.view_records,
+        pin_records=result.pin_records,
+        clone_records=result.clone_records,
         exported_program=new_program,
         decomposed=decomposed,
     )

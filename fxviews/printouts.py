@@ -31,6 +31,7 @@ from fxviews.passes import METHODS, Record, RecordKind
 __all__ = [
     "DEBUG_ENV",
     "Rewrite",
+    "all_records",
     "debug_enabled",
     "format_diff",
     "format_result",
@@ -73,6 +74,7 @@ class Rewrite(Protocol):
     records: list[Record]
     view_records: list[Record]
     pin_records: list[Record]
+    clone_records: list[Record]
     modified: bool
     seconds: float
     traced_with: str | None
@@ -93,10 +95,10 @@ def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = T
         >>> print(format_result(fxviews.explain(push_jvp, x, y, yt), width=80))
     """
     parts = []
-    records = [*result.records, *result.view_records, *result.pin_records]
+    records = all_records(result)
     if records:
         parts.append(format_table(records, width=width))
-    parts.append(format_summary(result))
+    parts.append(_fold_summary(format_summary(result), width))
     if result.traced_with and result.traced_with != "fake mode":
         parts.append(f"fxviews: traced in {result.traced_with}")
     if diff:
@@ -138,7 +140,7 @@ def format_summary(result: Rewrite) -> str:
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
-    records = [*result.records, *result.view_records, *result.pin_records]
+    records = all_records(result)
     if not records:
         changed = "graph cleaned up" if result.modified else "graph unchanged"
         return f"fxviews: no as_strided nodes, {changed}; {elapsed}"
@@ -183,6 +185,17 @@ def format_diff(
     return "\n".join(out)
 
 
+def all_records(result: Rewrite) -> list[Record]:
+    """Every record of ``result``, step by step: as_strided, views, pins, overwritten clones.
+
+    Example::
+
+        >>> [r.kind.value for r in all_records(fxviews.explain(push_jvp, x, y, yt))]
+        ['as_strided', 'overwritten clone']
+    """
+    return [*result.records, *result.view_records, *result.pin_records, *result.clone_records]
+
+
 def debug_enabled() -> bool:
     """Whether ``FXVIEWS_DEBUG`` asks for printouts (``1``, ``true``, ``yes`` or ``on``).
 
@@ -208,7 +221,8 @@ def report_rewrite(
 
         >>> report_rewrite(fxviews.rewrite(gm), source="my_compiler")
     """
-    for record in [*result.records, *result.view_records, *result.pin_records]:
+    records = all_records(result)
+    for record in records:
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
             source,
@@ -220,9 +234,7 @@ def report_rewrite(
         )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s: %s", source, format_summary(result))
-    if debug_enabled() and (
-        result.records or result.view_records or result.pin_records or result.modified
-    ):
+    if debug_enabled() and (records or result.modified):
         stream = sys.stderr if stream is None else stream
         print(f"=== fxviews rewrite: {source} ===\n{format_result(result)}\n", file=stream)
 
@@ -281,6 +293,20 @@ def _wrap_tokens(line: str, width: int, indent: str = "") -> list[str]:
             lines.append(current[:width])
             current = indent + current[width:]
     return [*lines, current.rstrip()] if current.strip() or not lines else lines
+
+
+def _fold_summary(summary: str, width: int) -> str:
+    """The summary line in lines of at most ``width``, broken after a kind's ``;`` (a kind's
+    counts stay on one line where they fit); continuation lines are indented."""
+    pieces = summary.split("; ")
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        lines[-1] += ";"
+        if len(f"{lines[-1]} {piece}") <= width:
+            lines[-1] += f" {piece}"
+        else:
+            lines.append(f"    {piece}")
+    return "\n".join(folded for line in lines for folded in _wrap_tokens(line, width, "    "))
 
 
 def _diffable_lines(code: str) -> list[str]:

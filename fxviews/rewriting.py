@@ -12,6 +12,7 @@ import torch
 from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
+    OverwrittenClones,
     Record,
     RecordedPassResult,
     ViewToReshape,
@@ -35,8 +36,10 @@ class RewriteResult:
     :class:`~fxviews.passes.Record` per as_strided node seen; ``view_records`` one per
     layout-bound view (``view``, ``_unsafe_view``, ``_reshape_alias``, ``view_as_complex``)
     that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``pin_records`` one per
-    layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``modified`` says
-    whether the graph changed. ``print(result)`` shows the graph-diff printout.
+    layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``clone_records``
+    one per clone a ``copy_`` overwrites, method ``"reclone"`` or ``"kept"``
+    (:class:`fxviews.passes.OverwrittenClones`); ``modified`` says whether the graph changed.
+    ``print(result)`` shows the graph-diff printout.
     """
 
     graph_module: torch.fx.GraphModule
@@ -46,6 +49,7 @@ class RewriteResult:
     seconds: float = 0.0
     view_records: list[Record] = field(default_factory=list)
     pin_records: list[Record] = field(default_factory=list)
+    clone_records: list[Record] = field(default_factory=list)
     #: How the graph was traced, when fxviews traced it (``"fake mode"`` or ``"real mode
     #: (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
@@ -77,6 +81,8 @@ def rewrite(
     (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
     With ``pin_layouts`` (the default), a third gives every node that still depends on its
     input's traced layout that layout at run time (:class:`fxviews.passes.LayoutPinning`).
+    Then a clone that a ``copy_`` overwrites before anything reads it becomes a clone of the
+    ``copy_``'s source, and the ``copy_`` goes (:class:`fxviews.passes.OverwrittenClones`).
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
     An ``ExportedProgram`` gives a new, validated one in ``result.exported_program``
@@ -151,6 +157,12 @@ def _rewrite_steps(
     modified = engine.modified or reshaped.modified or pinned.modified
     modified = remove_dead_pure_nodes(gm, recompile=False) or modified
     modified = drop_redundant_aliases(gm, recompile=False) or modified
+    # After pinning (a clone it pins, contiguous_format, has one layout from any source) and
+    # after the dead metadata checks are gone (one reading strides would keep every clone).
+    reclones = OverwrittenClones(recompile=False)(gm)
+    if reclones.modified:  # the overwritten clone's old input may have no reader left
+        remove_dead_pure_nodes(gm, recompile=False)
+        modified = True
     if modified:
         gm.recompile()
     return RewriteResult(
@@ -161,5 +173,6 @@ def _rewrite_steps(
         seconds=time.perf_counter() - start,
         view_records=credit_engine(reshaped.records, made),
         pin_records=credit_engine(pinned.records, made),
+        clone_records=reclones.records,
         traced_with=gm.meta.get(TRACED_WITH),
     )

@@ -4,7 +4,8 @@ Note [Alias analysis]
 ---------------------
 Several steps need to know whether sharing memory through a node can be observed: the reshape
 step (may a ``view`` become a copy?) and layout pinning (which buffer does a layout-bound node
-read, and does the graph own it?). They share this one analysis:
+read, and does the graph own it?) and the overwritten-clone step (is the source written before
+its copy?). They share this one analysis:
 
 1. Alias edges: a node is linked to every argument its schema says its result aliases (views,
    in-place ops and ``out=`` variants return an alias; ``getitem`` of an aliasing list too).
@@ -13,7 +14,7 @@ read, and does the graph own it?). They share this one analysis:
 2. Alias classes: union-find over the edges (path halving). Two nodes of different classes never
    share memory.
 3. Writes: every argument whose schema alias annotation ``is_write`` is a write to its class, at
-   that node's position in the graph; a class keeps its last writer.
+   that node's position in the graph; a class keeps its writers in graph order.
 4. Origins: following alias edges upwards from a node ends at the nodes that made its memory,
    nodes without alias edges: placeholders and ``get_attr`` (the caller's memory) or
    allocations (clones, factories, outputs of out-of-place ops).
@@ -84,12 +85,13 @@ class AliasAnalysis:
         self.members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         for node, root in self.root.items():
             self.members.setdefault(root, []).append(node)
-        self.last_writer: dict[torch.fx.Node, torch.fx.Node] = {}
+        # Every writer of each class, in graph order (the scan visits writers in that order).
+        self.writers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         for written, writer in writes:
-            root = self.root[written]
-            last = self.last_writer.get(root)
-            if last is None or self.position[writer] > self.position[last]:
-                self.last_writer[root] = writer
+            writers = self.writers.setdefault(self.root[written], [])
+            if not writers or writers[-1] is not writer:
+                writers.append(writer)
+        self.last_writer = {root: writers[-1] for root, writers in self.writers.items()}
 
     def why_observed(self, view: torch.fx.Node) -> str | None:
         """Why sharing memory through ``view`` is observable, or None if it is not.
@@ -113,6 +115,22 @@ class AliasAnalysis:
                 return f"output {returned.name!r} aliases graph input {other.name!r} through it"
             if other in self.outputs:
                 return f"output {returned.name!r} aliases output {other.name!r} through it"
+        return None
+
+    def written_between(
+        self, node: torch.fx.Node, start: torch.fx.Node, end: torch.fx.Node
+    ) -> torch.fx.Node | None:
+        """The first node strictly between ``start`` and ``end`` that writes ``node``'s memory.
+
+        Example::
+
+            >>> analysis.written_between(y, clone, copy_)  # y.mul_(2) between the two
+            mul_
+        """
+        low, high = self.position[start], self.position[end]
+        for writer in self.writers.get(self.root[node], ()):
+            if low < self.position[writer] < high:
+                return writer
         return None
 
     def derived_closure(self, node: torch.fx.Node) -> set[torch.fx.Node]:

@@ -108,6 +108,18 @@ def input_node(node: torch.fx.Node) -> torch.fx.Node:
     return source
 
 
+def tensor_val(node: Any) -> torch.Tensor | None:
+    """The traced tensor ``meta["val"]`` of ``node``, or None (not a node, or not a tensor).
+
+    Example::
+
+        >>> tensor_val(clone_node).shape
+        torch.Size([2, 6])
+    """
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
 def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, Any]:
     """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
     # strict=False: arguments left to their defaults are not in node.args.

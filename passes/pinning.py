@@ -63,7 +63,7 @@ from .as_strided_calls import bind_as_strided
 from .chain_emission import GraphEmitter
 from .errors import FxViewsError
 from .geometry import Geometry, equivalent
-from .graph_edits import argument_nodes, describe_call, input_node, op_name
+from .graph_edits import argument_nodes, describe_call, input_node, op_name, tensor_val
 from .op_tables import AS_STRIDED_OPS
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .torch_internals import (
@@ -160,7 +160,7 @@ def layout_dependence(node: torch.fx.Node) -> str | None:
     if node.target is aten.view_as_complex.default:
         return "needs a last dim of stride 1"
     if node.target in _MERGING_VIEWS:
-        before, after = _tensor_val(node.args[0]), _tensor_val(node)
+        before, after = tensor_val(node.args[0]), tensor_val(node)
         if before is None or after is None:
             return "merges dims, as far as anyone can tell without tensor metadata"
         if merges_dims(list(before.shape), list(after.shape)):
@@ -306,7 +306,7 @@ def _rebase_onto_buffer(node: torch.fx.Node, buffer: torch.fx.Node) -> bool:
     if node.target not in _REBASABLE:
         return False
     bound = bind_as_strided(node)
-    source, held = _tensor_val(bound["self"]), _tensor_val(buffer)
+    source, held = tensor_val(bound["self"]), tensor_val(buffer)
     if source is None or held is None:
         return False
     offset = bound["storage_offset"]
@@ -344,7 +344,7 @@ def _unfollowable(ancestry: list[torch.fx.Node]) -> str | None:
 
 def _plan_pin(origin: torch.fx.Node) -> _Pin | str:
     """How the buffer ``origin`` makes its memory at its traced layout, or why it cannot."""
-    val = _tensor_val(origin)
+    val = tensor_val(origin)
     if val is None:
         return f"buffer {origin.name!r} has no tensor metadata"
     if not argument_nodes((origin.args, origin.kwargs)):
@@ -454,7 +454,7 @@ def _verify_and_replace(
 ) -> None:
     """Every use of ``origin`` (those ``replace_in`` accepts) becomes ``pinned``, which must
     have ``origin``'s traced geometry."""
-    expected, made = _traced_tensor(origin), _tensor_val(pinned)
+    expected, made = _traced_tensor(origin), tensor_val(pinned)
     if made is None or not equivalent(Geometry.of(made), Geometry.of(expected)):
         raise FxViewsError(f"internal: the pin of {origin.name!r} lost its traced layout")
     origin.replace_all_uses_with(pinned, delete_user_cb=replace_in or (lambda user: True))
@@ -463,7 +463,7 @@ def _verify_and_replace(
 def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) -> Record:
     """Give each tensor argument of a layout-assuming kernel a contiguous clone at the call."""
     before = describe_call(node.target, node.args)
-    arguments = [a for a in argument_nodes((node.args, node.kwargs)) if _tensor_val(a) is not None]
+    arguments = [a for a in argument_nodes((node.args, node.kwargs)) if tensor_val(a) is not None]
     cloned: dict[torch.fx.Node, torch.fx.Node] = {}
     with graph.inserting_before(node):
         for argument in dict.fromkeys(arguments):
@@ -484,14 +484,9 @@ def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) 
     return _pinned(node, before, after, reason)
 
 
-def _tensor_val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _traced_tensor(node: torch.fx.Node) -> torch.Tensor:
     """``node``'s traced tensor, which the caller knows it has (else an internal error)."""
-    val = _tensor_val(node)
+    val = tensor_val(node)
     if val is None:
         raise FxViewsError(f"internal: node {node.name!r} has no tensor metadata")
     return val

@@ -1,9 +1,10 @@
 """Records: what a pass did to each node it handled, returned in the pass's result.
 
 Every recording pass (:class:`~.as_strided_to_views.AsStridedToViews`,
-:class:`~.view_to_reshape.ViewToReshape`, :class:`~.pinning.LayoutPinning`) returns a
-:class:`RecordedPassResult`: torch.fx's ``PassResult`` plus one :class:`Record` per node it
-handled. The pass keeps no state between calls.
+:class:`~.view_to_reshape.ViewToReshape`, :class:`~.pinning.LayoutPinning`,
+:class:`~.overwritten_clones.OverwrittenClones`) returns a :class:`RecordedPassResult`:
+torch.fx's ``PassResult`` plus one :class:`Record` per node it handled. The pass keeps no state
+between calls.
 
 Example::
 
@@ -25,8 +26,18 @@ from .torch_internals import PassBase, PassResult
 
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
 #: layout-bound node: its layout could not be pinned); "pinned" that a layout-bound node now
-#: gets its traced layout at run time.
-METHODS = ("provenance", "synthesized", "identity", "scatter", "reshape", "pinned", "kept")
+#: gets its traced layout at run time; "reclone" that a clone overwritten by a ``copy_`` now
+#: clones the ``copy_``'s source.
+METHODS = (
+    "provenance",
+    "synthesized",
+    "identity",
+    "scatter",
+    "reshape",
+    "pinned",
+    "reclone",
+    "kept",
+)
 
 
 class RecordKind(enum.Enum):
@@ -43,6 +54,8 @@ class RecordKind(enum.Enum):
     VIEW = "view"
     #: Any node that still depends on a layout seen at trace time: LayoutPinning.
     LAYOUT_BOUND = "layout-bound node"
+    #: A ``clone`` a ``copy_`` overwrites before anything reads it: OverwrittenClones.
+    OVERWRITTEN_CLONE = "overwritten clone"
 
 
 @dataclass(frozen=True)

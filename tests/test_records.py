@@ -95,11 +95,12 @@ def test_the_summary_counts_by_kind_not_by_description():
         records: list[Record]
         view_records: list[Record]
         pin_records: list[Record]
+        clone_records: list[Record]
         modified: bool = False
         seconds: float = 0.0
         traced_with: str | None = None
         code_before: str = ""
         code_after: str = ""
 
-    summary = format_summary(Result([], [record], []))
+    summary = format_summary(Result([], [record], [], []))
     assert summary == "fxviews: view 0 rewritten, 1 kept; in 0.0 ms"
