@@ -70,7 +70,7 @@ class Settings:
     min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
     batch_sizes: tuple[int, ...]
     graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
-    compile_repeats: int  # first-call/compile timings are seconds each: fewer repeats
+    compile_repeats: int  # first calls, compiles and row 4's traces take seconds: fewer repeats
     default_backend: bool  # Inductor compiles for many seconds; --quick leaves it out
     dense_views: int = 1_000  # views of one base in row 4's as_strided-dense graph (0: none)
     # Rows 6 and 7 time each compile in a fresh interpreter, this many per path, the paths
