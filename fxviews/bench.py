@@ -17,27 +17,33 @@ one process on one machine are what compare; absolute times move with the machin
                    ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
                    steady-state call, first call, and after how many calls a compile pays.
 
-Every timing is a median over repeats, except row 5's: the minimum CPU time over many short
-repeats, which resolves the microseconds it compares under load. torch runs on one thread
-unless ``--threads`` says otherwise, so that timings do not depend on how busy the other cores
-are. A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a
-measured path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
+Every timing is a median over repeats, except rows 4 and 5 (the minimum CPU time over
+repeats, short ones in row 5, which resolves the microseconds it compares under load) and the
+first calls of rows 6 and 7, which report CPU time beside wall time and, in the full run, time
+each compile in a fresh interpreter (Note [Cold compiles]). torch runs on one thread unless
+``--threads`` says otherwise, so that timings do not depend on how busy the other cores are.
+A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
+path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import functools
 import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import textwrap
 import time
 import types
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -45,7 +51,7 @@ import torch
 from tabulate import tabulate
 
 import fxviews
-from fxviews import bench_plots
+from fxviews import bench_plots, compile_backend, rewriting, transforming
 from fxviews.cli import positive_int
 from fxviews.examples import f, push_jvp, seed_args
 
@@ -66,13 +72,26 @@ class Settings:
     min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
     batch_sizes: tuple[int, ...]
     graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
-    compile_repeats: int  # first-call/compile timings are seconds each: fewer repeats
+    compile_repeats: int  # first calls, compiles and row 4's traces take seconds: fewer repeats
     default_backend: bool  # Inductor compiles for many seconds; --quick leaves it out
     dense_views: int = 1_000  # views of one base in row 4's as_strided-dense graph (0: none)
+    # Rows 6 and 7 time each compile in a fresh interpreter, this many per path, the paths
+    # alternating (0: in this process instead, compile_repeats after a warm-up).
+    cold_compiles: int = 0
+    big_graph_repeats: int = 1  # passes timed on row 4's 100k-node graph (seconds each)
 
 
 QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
-FULL = Settings(7, 0.1, (8, 64, 256, 1024), (1_000, 10_000, 100_000), 3, True)
+FULL = Settings(
+    7,
+    0.1,
+    (8, 64, 256, 1024),
+    (1_000, 10_000, 100_000),
+    3,
+    True,
+    cold_compiles=5,
+    big_graph_repeats=3,
+)
 
 
 # --- the functions measured -----------------------------------------------------------------
@@ -216,35 +235,251 @@ def first_call_seconds(
 ) -> float:
     """Median seconds of the first call of ``wrap(make_fn())``, after one warm-up.
 
-    Dynamo is reset and compile caches are off around every call, so each one compiles (or
-    traces) from scratch, as a fresh function in a warm process does. ``backward=True`` also
-    runs the backward of the output, which compiles the backward graph.
+    Each call is a :func:`first_call`: it compiles (or traces) from scratch, as a fresh function
+    in a warm process does.
+    """
+    from fxviews.passes.torch_internals import reset_dynamo
+
+    try:
+        first_call(make_fn, wrap, args, backward)  # imports, lazy initialisation, Dynamo's own
+        return statistics.median(
+            first_call(make_fn, wrap, args, backward).wall_s for _ in range(repeats)
+        )
+    finally:
+        reset_dynamo()
+
+
+@dataclass(frozen=True)
+class FirstCall:
+    """One first call (trace or compile, and one run): its wall time, CPU time, engine share.
+
+    ``cpu_s`` counts this process and every child process it waited for during the call (the
+    C++ compiler Inductor runs); ``engine_s`` is the CPU time spent inside fxviews' rewrite
+    steps during the call (0.0 on paths that do not run fxviews).
+    """
+
+    wall_s: float
+    cpu_s: float
+    engine_s: float
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and by the children it has waited for."""
+    import resource  # Unix only: imported where it is used
+
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
+
+
+#: The modules that run fxviews' rewrite in a first call: each calls ``rewrite_in_place`` on the
+#: graphs it owns (the engine, the reshape and pinning steps, hygiene, the one recompile).
+_REWRITE_CALLERS = (compile_backend, transforming)
+
+
+@contextlib.contextmanager
+def engine_timer() -> Iterator[list[float]]:
+    """Count the CPU time spent in fxviews' rewrite while the block runs.
+
+    ``rewrite_in_place`` is wrapped, for the block, where the backend and ``transform`` call it.
+    Yields a list whose one item is the total.
+
+    Example::
+
+        >>> with engine_timer() as spent:
+        ...     torch.compile(fn, backend="fxviews")(*args)
+        >>> spent[0]   # seconds
+        0.0191
+    """
+    spent = [0.0]
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return rewriting.rewrite_in_place(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - start
+
+    for module in _REWRITE_CALLERS:
+        setattr(module, "rewrite_in_place", timed)  # noqa: B010 - mypy: a function's name
+    try:
+        yield spent
+    finally:
+        for module in _REWRITE_CALLERS:
+            setattr(module, "rewrite_in_place", rewriting.rewrite_in_place)  # noqa: B010
+
+
+def first_call(
+    make_fn: Callable[[], Callable[..., Any]],
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+    args: Sequence[Any],
+    backward: bool = False,
+) -> FirstCall:
+    """The first call of ``wrap(make_fn())``, Dynamo reset and compile caches off around it.
+
+    ``backward=True`` also runs the backward of the output, which compiles the backward graph.
     """
     # Imported on use: Dynamo takes over a second to import, and most benchmarks never need it.
     from fxviews.passes.torch_internals import reset_dynamo
 
-    def once() -> float:
-        reset_dynamo()
-        fn = wrap(make_fn())
-        start = time.perf_counter()
-        # Config modules gain patch() when torch installs them, invisibly to type checkers.
-        with (
-            torch.compiler.config.patch(force_disable_caches=True),  # type: ignore[attr-defined]
-            warnings.catch_warnings(),
-        ):
-            # Dynamo warns that disabling caches disables its profile-guided recompiles too, on
-            # every compile (a reset forgets it warned): that is the cold compile measured here.
-            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
-            out = fn(*args)
-            if backward:
-                out.backward()
-        return time.perf_counter() - start
+    reset_dynamo()
+    fn = wrap(make_fn())
+    # Config modules gain patch() when torch installs them, invisibly to type checkers.
+    with (
+        torch.compiler.config.patch(force_disable_caches=True),  # type: ignore[attr-defined]
+        warnings.catch_warnings(),
+        engine_timer() as engine,
+    ):
+        # Dynamo warns that disabling caches disables its profile-guided recompiles too, on
+        # every compile (a reset forgets it warned): that is the cold compile measured here.
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        out = fn(*args)
+        if backward:
+            out.backward()
+        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    return FirstCall(wall, cpu, engine[0])
+
+
+# --- first calls in fresh interpreters ---------------------------------------------------------
+#
+# Note [Cold compiles]
+# A compile takes ~0.2-2 s, and a median of three in one process swings by 20% with the load
+# of a shared machine and with what earlier compiles left in the process. Rows 6 and 7 (full
+# run) therefore time each compile in a fresh interpreter, every path in the same conditions:
+# the child imports torch, fxviews, Dynamo and Inductor, compiles a small unrelated function
+# on the same path (Inductor's one-time work in a process: probing the C++ compiler and the
+# CPU's vector ISA, ~20 s of CPU on an empty cache, is not what is compared), then makes one
+# first call (see first_call: caches off, so the graph's code is compiled from scratch) and
+# prints its FirstCall. Inductor compiles in the child itself (TORCHINDUCTOR_COMPILE_THREADS
+# =1), so the C++ compilers it runs are children the process waits for and their CPU time is
+# counted; a pool of workers would outlive the measurement and its CPU time could not be read.
+# The paths alternate, one child each per round, so a burst of load hits them alike; CPU time
+# (which leaves out waiting for a core) is what the ratios compare, wall time stands beside it.
+
+#: What a cold-compile child runs: ``cold_child(request)``.
+_CHILD = "import sys; from fxviews.bench import cold_child; cold_child(sys.argv[1])"
+
+
+@dataclass(frozen=True)
+class FirstCallCase:
+    """A first call that a fresh interpreter can rebuild: row 6's or row 7's path and function."""
+
+    row: str  # "compile" or "compiled"
+    path: str  # a backend of row 6, or a path of row 7
+    function: str = "push_jvp (forward)"  # one of COMPILE_FUNCTIONS (row 6)
+
+    def build(
+        self,
+    ) -> tuple[Callable[[], Callable[..., Any]], Wrap, tuple[torch.Tensor, ...], bool]:
+        """``(make_fn, wrap, args, backward)`` for :func:`first_call`."""
+        if self.row == "compiled":
+            samples = [seed_args() for _ in range(COMPILED_BATCH)]
+            batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+            return make_push_jvp, compiled_path_wrap(self.path), batched, False
+        make_fn, train = COMPILE_FUNCTIONS[self.function]
+        args = tuple(t.requires_grad_(train) for t in seed_args())
+        return make_fn, functools.partial(torch.compile, backend=self.path), args, train
+
+
+def cold_first_call(case: FirstCallCase, threads: int) -> FirstCall:
+    """:func:`first_call` of ``case`` in a fresh interpreter (see Note [Cold compiles])."""
+    request = json.dumps({**dataclasses.asdict(case), "threads": threads})
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    command = [sys.executable, "-c", _CHILD, request]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(
+            f"cold compile exited with {done.returncode}: {lines[-1] if lines else ''}"
+        )
+    return FirstCall(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def cold_child(request: str) -> None:
+    """The child's side of :func:`cold_first_call`: one first call, printed as JSON."""
+    spec = json.loads(request)
+    torch.set_num_threads(spec.pop("threads"))
+    make_fn, wrap, args, backward = FirstCallCase(**spec).build()
+    # Imports and a process's one-time compile work are not what is compared: every path
+    # gets Dynamo and Inductor loaded and one small compile of its own beforehand.
+    from fxviews.passes.torch_internals import compile_fx
+
+    del compile_fx  # imported for its import's sake
+    first_call(_warm_up_function, wrap, (torch.randn(4, 3),))
+    print(json.dumps(dataclasses.asdict(first_call(make_fn, wrap, args, backward))), flush=True)
+
+
+def _warm_up_function() -> Callable[..., Any]:
+    """A small function unlike the measured ones, for a child's warm-up compile."""
+
+    def warm_up(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * 2).sum()
+
+    return warm_up
+
+
+def first_call_samples(
+    cases: Mapping[str, FirstCallCase], settings: Settings
+) -> dict[str, tuple[list[FirstCall], str]]:
+    """First calls of each case, the cases alternating: per case the samples and a note.
+
+    Cold (``settings.cold_compiles`` children per case) in the full run; in this process
+    after one warm-up in ``--quick``. A case that raises gets no more samples and an
+    ``n/a (error: ...)`` note, the others go on.
+    """
+    from fxviews.passes.torch_internals import reset_dynamo
+
+    cold = settings.cold_compiles > 0
+    threads = torch.get_num_threads()
+    built = {name: case.build() for name, case in cases.items()} if not cold else {}
+    samples: dict[str, list[FirstCall]] = {name: [] for name in cases}
+    notes = dict.fromkeys(cases, "")
+
+    def sample(name: str) -> float:
+        if cold:
+            call = cold_first_call(cases[name], threads)
+        else:
+            call = first_call(*built[name][:3], backward=built[name][3])
+        samples[name].append(call)
+        return call.wall_s
 
     try:
-        once()  # imports, lazy initialisation and Dynamo's own first-time costs
-        return statistics.median(once() for _ in range(repeats))
+        if not cold:  # imports, lazy initialisation and Dynamo's own first-time costs
+            for name in cases:
+                notes[name] = measured(functools.partial(sample, name))[1]
+                samples[name].clear()
+        for _ in range(settings.cold_compiles if cold else settings.compile_repeats):
+            for name in cases:
+                if not notes[name]:
+                    notes[name] = measured(functools.partial(sample, name))[1]
     finally:
         reset_dynamo()
+    return {name: (samples[name] if not notes[name] else [], notes[name]) for name in cases}
+
+
+def median_of(calls: Sequence[FirstCall], field: str) -> float | None:
+    """The median of one field of ``calls`` (None without calls)."""
+    return statistics.median(getattr(c, field) for c in calls) if calls else None
+
+
+def cpu_ratio_range(calls: Sequence[FirstCall], base: Sequence[FirstCall]) -> str:
+    """The lowest and highest CPU-time ratio of ``calls`` to ``base`` measured in one round.
+
+    Example::
+
+        >>> cpu_ratio_range([FirstCall(1, 1.1, 0), FirstCall(1, 0.9, 0)],
+        ...                 [FirstCall(1, 1.0, 0), FirstCall(1, 1.0, 0)])
+        '0.9-1.1x'
+    """
+    if len(calls) < 2 or len(calls) != len(base):
+        return ""
+    ratios = [c.cpu_s / b.cpu_s for c, b in zip(calls, base, strict=True)]
+    return f"{min(ratios):.2g}-{max(ratios):.2g}x"
 
 
 #: How a note starts when the path it measures raised: the run then exits with status 1.
@@ -441,7 +676,9 @@ def bench_pass_cost(settings: Settings) -> Table:
 
     The pass is ``fxviews.rewrite``: its one copy of the graph, engine, reshape step, pinning,
     hygiene and one code generation. Graphs: ``many_views`` at each size of the settings, and
-    the as_strided-dense ``dense_views`` graph.
+    the as_strided-dense ``dense_views`` graph. Both are single-threaded Python, timed in CPU
+    time (``time.process_time``, which leaves out waiting for a core on a loaded machine), each
+    the minimum over its repeats.
     """
 
     def args_for(blocks: int) -> tuple[torch.Tensor, ...]:
@@ -459,19 +696,24 @@ def bench_pass_cost(settings: Settings) -> Table:
         graphs.append(("dense_views", dense_views(settings.dense_views), dense_args, 0))
     table = []
     for name, fn, args, target in graphs:
-        start = time.perf_counter()
-        gm = fxviews.trace(fn, *args)
-        t_trace = time.perf_counter() - start
-        # A 100k-node graph takes seconds per pass, long enough to time once (and keep --quick
-        # quick). rewrite leaves gm as it was: every repeat starts from the same graph.
-        repeats = settings.repeats if target < 100_000 else 1
+        # A trace takes seconds (a 100k-node one minutes): as few repeats as compiles get, one
+        # at 100k nodes. The pass is ~10x cheaper: more repeats, fewer at 100k nodes. rewrite
+        # leaves gm as it was, so every repeat starts from the same graph.
+        big = target >= 100_000
+        traces = []
+        for _ in range(1 if big else settings.compile_repeats):
+            start = time.process_time()
+            gm = fxviews.trace(fn, *args)
+            traces.append(time.process_time() - start)
+        t_trace = min(traces)
+        repeats = settings.big_graph_repeats if big else settings.repeats
         samples = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = time.process_time()
             result = fxviews.rewrite(gm)
-            samples.append(time.perf_counter() - start)
+            samples.append(time.process_time() - start)
         records = result.records  # the same in every repeat: the pass is deterministic
-        t_pass = statistics.median(samples)
+        t_pass = min(samples)
         nodes = len(gm.graph.nodes)
         table.append(
             {
@@ -553,45 +795,38 @@ def _flat_push_jvp(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor) -> list[t
     return [view, base, view_tangent, base_tangent]
 
 
+#: Row 6's functions: how to make a fresh one, and whether the first call also runs backward.
+COMPILE_FUNCTIONS: dict[str, tuple[Callable[[], Callable[..., Any]], bool]] = {
+    "push_jvp (forward)": (make_push_jvp, False),
+    "jvp_loss (+backward)": (make_jvp_loss, True),
+}
+
+
 def bench_compile(settings: Settings) -> Table:
-    """Row 6: first-call time of backend="fxviews" vs aot_eager, forward only and trained."""
+    """Row 6: first-call time of backend="fxviews" vs aot_eager, forward only and trained.
+
+    CPU time is what the ratio compares (see Note [Cold compiles]); ``engine`` is the CPU time
+    inside fxviews' rewrite steps during the fxviews compile (part of its CPU time).
+    """
     if getattr(fxviews, "backend", None) is None:
-        return [
-            {
-                "function": "all",
-                "aot_eager_s": None,
-                "fxviews_s": None,
-                "fxviews/aot_eager": None,
-                "note": "n/a (fxviews.backend missing)",
-            }
-        ]
+        return [{"function": "all", "note": "n/a (fxviews.backend missing)"}]
     table = []
-    cases = (
-        ("push_jvp (forward)", make_push_jvp, False),
-        ("jvp_loss (+backward)", make_jvp_loss, True),
-    )
-    for name, make_fn, train in cases:
-        args = tuple(t.requires_grad_(train) for t in seed_args())
-        times, notes = {}, []
-        for backend in ("aot_eager", "fxviews"):
-            compile_with = functools.partial(torch.compile, backend=backend)
-            times[backend], note = measured(
-                functools.partial(
-                    first_call_seconds,
-                    make_fn,
-                    compile_with,
-                    args,
-                    settings.compile_repeats,
-                    backward=train,
-                )
-            )
-            notes += [f"{backend}: {note}"] if note else []
+    for function in COMPILE_FUNCTIONS:
+        cases = {b: FirstCallCase("compile", b, function) for b in ("aot_eager", "fxviews")}
+        measured_calls = first_call_samples(cases, settings)
+        aot, fx = measured_calls["aot_eager"][0], measured_calls["fxviews"][0]
+        notes = [f"{b}: {note}" for b, (_, note) in measured_calls.items() if note]
+        fx_cpu = median_of(fx, "cpu_s")
         table.append(
             {
-                "function": name,
-                "aot_eager_s": times["aot_eager"],
-                "fxviews_s": times["fxviews"],
-                "fxviews/aot_eager": ratio(times["fxviews"], times["aot_eager"]),
+                "function": function,
+                "aot_eager_s": median_of(aot, "wall_s"),
+                "fxviews_s": median_of(fx, "wall_s"),
+                "aot_eager_cpu_s": median_of(aot, "cpu_s"),
+                "fxviews_cpu_s": fx_cpu,
+                "fxviews/aot_eager": ratio(fx_cpu, median_of(aot, "cpu_s")),
+                "cpu_range": cpu_ratio_range(fx, aot),
+                "engine_s": median_of(fx, "engine_s"),
                 "note": "; ".join(notes),
             }
         )
@@ -637,62 +872,74 @@ def compiled_vmap(name: str, options: dict[str, Any]) -> Wrap:
     return wrap
 
 
+#: Row 7's base path, against which the compiled ones are compared.
+TRANSFORM_PATH = "vmap(transform)"
+
+
+def compiled_path_wrap(name: str) -> Wrap:
+    """How row 7's path ``name`` wraps a function (the base, or one of COMPILED_PATHS)."""
+    if name == TRANSFORM_PATH:
+        transform = cast(Callable[..., Any], fxviews.transform)
+        return lambda fn: torch.func.vmap(transform(fn))
+    return compiled_vmap(name, COMPILED_PATHS[name][0])
+
+
 def bench_compiled(settings: Settings) -> Table:
     """Row 7: ``vmap(push_jvp)`` compiled, against ``vmap(fxviews.transform(push_jvp))``.
 
     Steady state: every path compiled once, then timed side by side. First call: a fresh
-    function, Dynamo reset, compile caches off (see :func:`first_call_seconds`). Break-even:
-    the number of calls ``n`` after which ``first + (n - 1) * steady`` of the compiled path
-    drops below the transform's.
+    function, Dynamo reset, compile caches off, in a fresh interpreter in the full run (see
+    Note [Cold compiles]); its CPU time is what the ratios and the break-even compare.
+    Break-even: the number of calls ``n`` after which ``first + (n - 1) * steady`` of the
+    compiled path drops below the transform's.
     """
     from fxviews.passes.torch_internals import reset_dynamo
 
     transform, why = transform_or_reason()
     samples = [seed_args() for _ in range(COMPILED_BATCH)]
     batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
-    paths = {
-        name: options
-        for name, (options, inductor) in COMPILED_PATHS.items()
-        if settings.default_backend or not inductor
-    }
-    wraps: dict[str, Wrap] = {name: compiled_vmap(name, opts) for name, opts in paths.items()}
-    if transform is not None:
-        wraps = {"vmap(transform)": lambda fn: torch.func.vmap(transform(fn)), **wraps}
-    first: dict[str, tuple[float | None, str]] = {}
-    for name, wrap in wraps.items():
-        first[name] = measured(
-            functools.partial(
-                first_call_seconds, make_push_jvp, wrap, batched, settings.compile_repeats
-            )
-        )
+    names = [TRANSFORM_PATH] if transform is not None else []
+    names += [
+        n for n, (_, inductor) in COMPILED_PATHS.items() if settings.default_backend or not inductor
+    ]
+    first = first_call_samples({n: FirstCallCase("compiled", n) for n in names}, settings)
     try:
         ready: dict[str, Callable[[], Any]] = {}
-        for name, wrap in wraps.items():
-            if first[name][0] is not None:
-                ready[name] = functools.partial(wrap(make_push_jvp()), *batched)
+        for name in names:
+            if first[name][0]:
+                ready[name] = functools.partial(compiled_path_wrap(name)(make_push_jvp()), *batched)
                 ready[name]()  # compiles (caches on): the steady state follows
         steady: dict[str, float | None] = dict(median_seconds(ready, settings))
     finally:
         reset_dynamo()
-    base_first = first.get("vmap(transform)", (None, ""))[0]
-    base_steady = steady.get("vmap(transform)")
-    inductor = (first.get("inductor", (None, ""))[0], steady.get("inductor"))
+    cpu = {name: median_of(calls, "cpu_s") for name, (calls, _) in first.items()}
+    inductor = (cpu.get("inductor"), steady.get("inductor"))
     table = []
-    for name in [*wraps, *(p for p in COMPILED_PATHS if p not in wraps)]:
-        seconds, note = first.get(name, (None, "n/a (Inductor: skipped in --quick)"))
-        note = note or (why if name == "vmap(transform)" else "")
+    for name in [*names, *(p for p in COMPILED_PATHS if p not in names)]:
+        calls, note = first.get(name, ([], "n/a (--quick)"))
+        note = note or (why if name == TRANSFORM_PATH else "")
+        base = name == TRANSFORM_PATH
         table.append(
             {
                 "path": name,
                 "steady_s": steady.get(name),
-                "first_call_s": seconds,
-                "break_even": (
-                    "(base)"
-                    if name == "vmap(transform)"
-                    else break_even(seconds, steady.get(name), base_first, base_steady)
+                "first_call_s": median_of(calls, "wall_s"),
+                "first_cpu_s": cpu.get(name),
+                "engine_s": median_of(calls, "engine_s") or None,
+                "break_even": "(base)"
+                if base
+                else break_even(
+                    cpu.get(name),
+                    steady.get(name),
+                    cpu.get(TRANSFORM_PATH),
+                    steady.get(TRANSFORM_PATH),
                 ),
                 "steady/inductor": ratio(steady.get(name), inductor[1]),
-                "first/inductor": ratio(seconds, inductor[0]),
+                "first/inductor": ratio(cpu.get(name), inductor[0]),
+                # How the ratio to Inductor moved from round to round.
+                "range": ""
+                if name == "inductor"
+                else cpu_ratio_range(calls, first.get("inductor", ([], ""))[0]),
                 "note": note,
             }
         )
@@ -886,6 +1133,19 @@ SHORT_HEADERS = {
     "overhead_flat_s": "tf - flat\ngraph",
     "tree_cost_s": "graph - flat\ngraph",
 }
+#: Printed names of rows 6 and 7's first-call columns: the wall and CPU time of one compile.
+SHORT_HEADERS.update(
+    {
+        "aot_eager_s": "aot_eager\nwall",
+        "fxviews_s": "fxviews\nwall",
+        "aot_eager_cpu_s": "aot_eager\ncpu",
+        "fxviews_cpu_s": "fxviews\ncpu",
+        "fxviews/aot_eager": "fxviews/\naot_eager\n(cpu)",
+        "cpu_range": "range\n(cpu)",
+        "first_cpu_s": "first\ncpu",
+        "first/inductor": "first/\ninductor\n(cpu)",
+    }
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

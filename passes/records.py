@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from .graph_edits import collector_paused
 from .torch_internals import PassBase, PassResult
 
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
@@ -118,7 +119,10 @@ class RecordingPass(PassBase):
         self.recompile = recompile
 
     def __call__(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
-        result = super().__call__(graph_module)
+        # Passes build many graph objects and free few: see Note [Graph edits and the cyclic
+        # collector].
+        with collector_paused():
+            result = super().__call__(graph_module)
         if not isinstance(result, RecordedPassResult):  # a subclass's call broke the contract
             raise TypeError(f"{type(self).__name__}.call must return a RecordedPassResult")
         return result

@@ -83,6 +83,9 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
         assert line["overhead_flat_s"] == line["tf_s"] - line["flat_graph_s"]
         assert line["tree_cost_s"] == line["graph_s"] - line["flat_graph_s"]
     assert len(rows["compile"]) == 2
+    # Row 6 reports CPU time, and the part of the fxviews compile spent in fxviews' rewrite.
+    for line in rows["compile"]:
+        assert 0 < line["engine_s"] < line["fxviews_cpu_s"] and line["aot_eager_cpu_s"] > 0
     # Row 7: the transform and the compiled paths that run without Inductor are measured, the
     # Inductor ones say they were skipped; each compiled path that ran has a break-even.
     compiled = {line["path"]: line for line in rows["compiled"]}
@@ -90,6 +93,9 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
                               "fxviews (inductor)"]  # fmt: skip
     for path in ("vmap(transform)", "aot_eager", "fxviews (eager)"):
         assert compiled[path]["steady_s"] > 0 and compiled[path]["first_call_s"] > 0
+        assert compiled[path]["first_cpu_s"] > 0
+    assert compiled["aot_eager"]["engine_s"] is None  # runs no fxviews
+    assert compiled["fxviews (eager)"]["engine_s"] > 0
     assert compiled["aot_eager"]["break_even"] not in ("", "(base)")
     assert compiled["inductor"]["steady_s"] is None and "quick" in compiled["inductor"]["note"]
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
@@ -163,3 +169,22 @@ def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
         return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
     assert ops(tree) == ops(flat) and ops(tree)
+
+
+def test_cpu_ratio_range_spans_the_rounds() -> None:
+    calls = [bench.FirstCall(1.0, 1.1, 0.0), bench.FirstCall(1.0, 0.9, 0.0)]
+    base = [bench.FirstCall(2.0, 1.0, 0.0), bench.FirstCall(2.0, 1.0, 0.0)]
+    assert bench.cpu_ratio_range(calls, base) == "0.9-1.1x"
+    assert bench.cpu_ratio_range(calls[:1], base[:1]) == ""  # one round: no range
+
+
+def test_a_cold_compile_runs_in_a_child_and_counts_the_engine() -> None:
+    # One fresh interpreter compiling push_jvp with backend="fxviews" (see Note [Cold compiles]):
+    # the engine's time is part of the compile's CPU time, which covers the wall time's work.
+    call = bench.cold_first_call(bench.FirstCallCase("compile", "fxviews"), threads=1)
+    assert 0 < call.engine_s < call.cpu_s and call.wall_s > 0
+
+
+def test_a_cold_compile_that_fails_says_why() -> None:
+    with pytest.raises(RuntimeError, match="no_such_backend"):
+        bench.cold_first_call(bench.FirstCallCase("compile", "no_such_backend"), threads=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import operator
 from typing import Any
 
@@ -14,6 +15,7 @@ import fxviews
 from fxviews.examples import push_jvp, seed_args
 from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
 from fxviews.passes.geometry import Geometry
+from fxviews.passes.graph_edits import copy_graph
 from fxviews.passes.op_tables import METADATA_MUTATIONS
 from fxviews.rewriting import rewrite_in_place
 from tests.reference import as_strided_nodes
@@ -642,3 +644,35 @@ def test_pass_work_is_linear_in_graph_size(monkeypatch: pytest.MonkeyPatch) -> N
         assert small > 0, name
         # Work per node stays flat as the graph grows four-fold: linear, not quadratic.
         assert big <= 1.25 * small, (name, per_node[name])
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_graph_copy_and_passes_run_without_cyclic_collections(enabled_before: bool) -> None:
+    """Each full collection scans the whole heap (the traced graph and its fake tensors), so
+    collections during the copy and the passes made the pass superlinear on large graphs.
+    They are paused: at most the one collection the allocations made pending runs, as the
+    collector is re-enabled, and none if it was disabled to begin with."""
+    args = (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+    gm = fxviews.trace(many_views(40), *args)
+    starts: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    (gc.enable if enabled_before else gc.disable)()
+    gc.collect()  # the allocations before a pause begins do not add up to a collection
+    gc.callbacks.append(record)
+    try:
+        copied = copy_graph(gm.graph)
+        assert gc.isenabled() is enabled_before
+        work = torch.fx.GraphModule(gm, copied)  # code generation: torch's, not a pass
+        during_copy, starts[:] = list(starts), []
+        result = AsStridedToViews(recompile=False)(work)
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.callbacks.remove(record)
+        gc.enable()
+    most = 1 if enabled_before else 0
+    assert len(during_copy) <= most and len(starts) <= most, (during_copy, starts)
+    assert result.modified and as_strided_nodes(work) == []
