@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 import fxviews
 from fxviews.passes.records import RecordKind
 from fxviews.passes.torch_internals import make_fx
-from tests.differential import check_vmap
+from tests.differential import WRONG_RESULT, vmap_failures
 from tests.reference import make_samples, stable_seed
 from tests.test_geometry import SETTINGS
 from tests.test_symbolic import outcome
@@ -292,7 +292,17 @@ def test_symbolic_as_strided_is_rewritten_right_at_every_size_or_kept(
     if all(record.method == "kept" for record in records):
         return
     # Property 2: the rewritten views (unlike as_strided) follow the batch dim wherever it is.
+    # A view merging dims of the caller's input and returned as its alias cannot be made
+    # layout-free (README, "Layout pinning"): it is kept with a reason, and may raise under
+    # vmap where the batch dim splits the merged dims, but never gives a wrong number.
+    unpinnable = [r for r in res.pin_records if r.method == "kept"]
+    assert all(r.reason for r in unpinnable), unpinnable
     batch_dim = {"first": 0, "middle": (ndim + 1) // 2, "last": ndim}[position]
     for shape in valid:
         samples = make_samples([shape], BATCH, seed=stable_seed(f"{shape} batched"))
-        check_vmap(res.graph_module, program, samples, (batch_dim,), label=f"at {shape}")
+        found = vmap_failures(res.graph_module, program, samples, [(batch_dim,)], label=str(shape))
+        if found and unpinnable:
+            event("vmap raises at a view of the input that cannot be pinned")
+            assert not any(WRONG_RESULT in line for line in found), found
+        else:
+            assert not found, found
