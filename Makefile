@@ -46,7 +46,7 @@ test: lint
 
 # `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
 # FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential
-# corpora run too. `make test` draws 300 per property (60 for the symbolic one, whose traces
+# corpora run too. `make test` draws 300 per property (100 for the symbolic one, whose traces
 # are slow; under CI=1, the same ones on every run).
 FUZZ_EXAMPLES ?= 3000
 FUZZ_TESTS := tests/test_geometry.py tests/test_pass_differential.py \
