@@ -44,12 +44,14 @@ PYTEST_SUITE := -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
 test: lint
 	$(PY) -m pytest $(PYTEST_SUITE)
 
-# `make fuzz`: every property of the geometry and pass-differential suites draws FUZZ_EXAMPLES
-# random cases (7 properties: 21k at the default) and the fixed differential corpora run too.
-# `make test` draws 300 per property (under CI=1, the same ones on every run).
+# `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
+# FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential
+# corpora run too. `make test` draws 300 per property (100 for the symbolic one, whose traces
+# are slow; under CI=1, the same ones on every run).
 FUZZ_EXAMPLES ?= 3000
 FUZZ_TESTS := tests/test_geometry.py tests/test_pass_differential.py \
-	tests/test_engine_differential.py tests/test_opinfo_views.py
+	tests/test_engine_differential.py tests/test_opinfo_views.py \
+	tests/test_symbolic_properties.py
 
 fuzz: setup
 	FXVIEWS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
