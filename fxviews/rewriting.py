@@ -20,7 +20,7 @@ from fxviews.passes import (
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
-from fxviews.passes.graph_edits import copy_graph
+from fxviews.passes.graph_edits import collector_paused, copy_graph
 from fxviews.passes.torch_internals import LazyGraphModule
 from fxviews.printouts import format_result, format_summary
 
@@ -108,10 +108,14 @@ def rewrite(
     # returned is built over it once they are done: one copy and one code generation in all.
     # The caller's graph stays as it was, while parameters, buffers and tensor constants stay
     # shared (gradients still reach them).
-    work = LazyGraphModule(gm, copy_graph(gm.graph))
-    work.meta = dict(gm.meta)
-    result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
-    own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
+    # FX's code generation, like the copy and the steps, runs with the cyclic collector paused
+    # (Note [Graph edits and the cyclic collector]): on a 100k-node graph its full collections
+    # made code generation grow faster than the graph.
+    with collector_paused():
+        work = LazyGraphModule(gm, copy_graph(gm.graph))
+        work.meta = dict(gm.meta)
+        result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+        own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
     own.meta = work.meta
     result.graph_module = own
     result.seconds = time.perf_counter() - start
@@ -135,7 +139,8 @@ def rewrite_in_place(
         >>> rewrite_in_place(gm).graph_module is gm
         True
     """
-    return _rewrite_steps(gm, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+    with collector_paused():  # as in rewrite
+        return _rewrite_steps(gm, gm.code, strict, example_inputs, reshape_views, pin_layouts)
 
 
 def _rewrite_steps(

@@ -676,3 +676,25 @@ def test_graph_copy_and_passes_run_without_cyclic_collections(enabled_before: bo
     most = 1 if enabled_before else 0
     assert len(during_copy) <= most and len(starts) <= most, (during_copy, starts)
     assert result.modified and as_strided_nodes(work) == []
+
+
+def test_rewrite_runs_without_cyclic_collections_code_generation_included() -> None:
+    """The whole of ``fxviews.rewrite`` (copy, steps, dead code and FX's one code generation)
+    runs with the collector paused: at most the collection pending at its end runs."""
+    args = (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
+    gm = fxviews.trace(many_views(40), *args)
+    starts: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        result = fxviews.rewrite(gm)
+    finally:
+        gc.callbacks.remove(record)
+    assert gc.isenabled()
+    assert len(starts) <= 1, starts
+    assert result.modified and as_strided_nodes(result.graph_module) == []
