@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import operator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -646,6 +648,24 @@ def test_pass_work_is_linear_in_graph_size(monkeypatch: pytest.MonkeyPatch) -> N
         assert big <= 1.25 * small, (name, per_node[name])
 
 
+@contextlib.contextmanager
+def collections_started() -> Iterator[list[int]]:
+    """The generations of the cyclic collections that start in the block, in order; the
+    allocations made before it are collected first, so they do not add up to one in it."""
+    starts: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        yield starts
+    finally:
+        gc.callbacks.remove(record)
+
+
 @pytest.mark.parametrize("enabled_before", [True, False])
 def test_graph_copy_and_passes_run_without_cyclic_collections(enabled_before: bool) -> None:
     """Each full collection scans the whole heap (the traced graph and its fake tensors), so
@@ -654,24 +674,16 @@ def test_graph_copy_and_passes_run_without_cyclic_collections(enabled_before: bo
     collector is re-enabled, and none if it was disabled to begin with."""
     args = (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
     gm = fxviews.trace(many_views(40), *args)
-    starts: list[int] = []
-
-    def record(phase: str, info: dict) -> None:
-        if phase == "start":
-            starts.append(info["generation"])
-
     (gc.enable if enabled_before else gc.disable)()
-    gc.collect()  # the allocations before a pause begins do not add up to a collection
-    gc.callbacks.append(record)
     try:
-        copied = copy_graph(gm.graph)
-        assert gc.isenabled() is enabled_before
-        work = torch.fx.GraphModule(gm, copied)  # code generation: torch's, not a pass
-        during_copy, starts[:] = list(starts), []
-        result = AsStridedToViews(recompile=False)(work)
-        assert gc.isenabled() is enabled_before
+        with collections_started() as starts:
+            copied = copy_graph(gm.graph)
+            assert gc.isenabled() is enabled_before
+            work = torch.fx.GraphModule(gm, copied)  # code generation: torch's, not a pass
+            during_copy, starts[:] = list(starts), []
+            result = AsStridedToViews(recompile=False)(work)
+            assert gc.isenabled() is enabled_before
     finally:
-        gc.callbacks.remove(record)
         gc.enable()
     most = 1 if enabled_before else 0
     assert len(during_copy) <= most and len(starts) <= most, (during_copy, starts)
@@ -683,18 +695,8 @@ def test_rewrite_runs_without_cyclic_collections_code_generation_included() -> N
     runs with the collector paused: at most the collection pending at its end runs."""
     args = (torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6))
     gm = fxviews.trace(many_views(40), *args)
-    starts: list[int] = []
-
-    def record(phase: str, info: dict) -> None:
-        if phase == "start":
-            starts.append(info["generation"])
-
-    gc.collect()
-    gc.callbacks.append(record)
-    try:
+    with collections_started() as starts:
         result = fxviews.rewrite(gm)
-    finally:
-        gc.callbacks.remove(record)
     assert gc.isenabled()
     assert len(starts) <= 1, starts
     assert result.modified and as_strided_nodes(result.graph_module) == []
