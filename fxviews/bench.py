@@ -17,11 +17,11 @@ one process on one machine are what compare; absolute times move with the machin
                    ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
                    steady-state call, first call, and after how many calls a compile pays.
 
-Every timing is a median over repeats, except rows 4 and 5 (the minimum CPU time over
-repeats, short ones in row 5, which resolves the microseconds it compares under load) and the
-first calls of rows 6 and 7, which report CPU time beside wall time and, in the full run, time
-each compile in a fresh interpreter (Note [Cold compiles]). torch runs on one thread unless
-``--threads`` says otherwise, so that timings do not depend on how busy the other cores are.
+Every timing is a median over repeats, except rows 1, 4 and 5 (the minimum CPU time over
+repeats, which resolves the microseconds they compare under load) and the first calls of rows 6
+and 7, which report CPU time beside wall time and, in the full run, time each compile in a fresh
+interpreter (Note [Cold compiles]). torch runs on one thread unless ``--threads`` says
+otherwise, so that timings do not depend on how busy the other cores are.
 A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
 path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 """
@@ -555,6 +555,10 @@ def bench_vmap(settings: Settings) -> Table:
 
     "graph" is the rewritten graph of ``push_jvp``, returning its pair of pairs as the
     transform does (row 5 sets it beside the same graph returning a flat list).
+
+    The last column, the work above vmap's floor, is a difference of differences of tens of
+    microseconds: timings are the minimum CPU time over interleaved repeats
+    (:func:`min_cpu_seconds`), as in rows 4 and 5, not wall-clock medians.
     """
     graph = rewritten(fxviews.trace(push_jvp, *seed_args()))
     transform, why = transform_or_reason()
@@ -575,8 +579,11 @@ def bench_vmap(settings: Settings) -> Table:
             calls["transform_vmap"] = functools.partial(
                 torch.func.vmap(transform(push_jvp)), *batched
             )
+            # Traced before the timer sizes its loop: sized on the trace, the loop ran a few
+            # calls per repeat, and the row measured the first calls after it.
+            calls["transform_vmap"]()
         times: dict[str, float | None] = {"transform_vmap": None}
-        times.update(median_seconds(calls, settings))
+        times.update(min_cpu_seconds(calls, settings.repeats * 3, settings.min_repeat_seconds / 2))
         table.append(
             {
                 "B": batch,
