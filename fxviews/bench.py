@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import gc
 import json
 import os
 import platform
@@ -703,38 +704,42 @@ def bench_pass_cost(settings: Settings) -> Table:
         graphs.append(("dense_views", dense_views(settings.dense_views), dense_args, 0))
     table = []
     for name, fn, args, target in graphs:
-        # A trace takes seconds (a 100k-node one minutes): as few repeats as compiles get, one
-        # at 100k nodes. The pass is ~10x cheaper: more repeats, fewer at 100k nodes. rewrite
-        # leaves gm as it was, so every repeat starts from the same graph.
-        big = target >= 100_000
-        traces = []
-        for _ in range(1 if big else settings.compile_repeats):
-            start = time.process_time()
-            gm = fxviews.trace(fn, *args)
-            traces.append(time.process_time() - start)
-        t_trace = min(traces)
-        repeats = settings.big_graph_repeats if big else settings.repeats
-        samples = []
-        for _ in range(repeats):
-            start = time.process_time()
-            result = fxviews.rewrite(gm)
-            samples.append(time.process_time() - start)
-        records = result.records  # the same in every repeat: the pass is deterministic
-        t_pass = min(samples)
-        nodes = len(gm.graph.nodes)
-        table.append(
-            {
-                "graph": name,
-                "nodes": nodes,
-                "as_strided": len(records),
-                "rewritten": sum(r.method != "kept" for r in records),
-                "trace_s": t_trace,
-                "pass_s": t_pass,
-                "pass_us_per_node": t_pass / nodes * 1e6,
-                "pass/trace": ratio(t_pass, t_trace),
-            }
-        )
+        table.append(_pass_cost_of(name, fn, args, target >= 100_000, settings))
+        gc.collect()  # the graphs just measured are garbage the next ones should not scan
     return table
+
+
+def _pass_cost_of(
+    name: str, fn: Callable[..., Any], args: Sequence[Any], big: bool, settings: Settings
+) -> dict[str, Any]:
+    """Row 4's line for one graph: ``fn`` traced on ``args`` and rewritten, in CPU time."""
+    # A trace takes seconds (a 100k-node one minutes): as few repeats as compiles get, one at
+    # 100k nodes. The pass is ~10x cheaper: more repeats, fewer at 100k nodes. rewrite leaves
+    # gm as it was, so every repeat starts from the same graph.
+    traces = []
+    for _ in range(1 if big else settings.compile_repeats):
+        start = time.process_time()
+        gm = fxviews.trace(fn, *args)
+        traces.append(time.process_time() - start)
+    t_trace = min(traces)
+    samples = []
+    for _ in range(settings.big_graph_repeats if big else settings.repeats):
+        start = time.process_time()
+        result = fxviews.rewrite(gm)
+        samples.append(time.process_time() - start)
+    records = result.records  # the same in every repeat: the pass is deterministic
+    t_pass = min(samples)
+    nodes = len(gm.graph.nodes)
+    return {
+        "graph": name,
+        "nodes": nodes,
+        "as_strided": len(records),
+        "rewritten": sum(r.method != "kept" for r in records),
+        "trace_s": t_trace,
+        "pass_s": t_pass,
+        "pass_us_per_node": t_pass / nodes * 1e6,
+        "pass/trace": ratio(t_pass, t_trace),
+    }
 
 
 #: Row 5's batch size under vmap, as in the issue's goal for ``vmap(transform)``.
@@ -1080,6 +1085,9 @@ def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> 
     tables: dict[str, Table] = {}
     for row in rows:
         title, bench = BENCHES[row]
+        # Each row starts from a collected heap: row 4's 100k-node graph leaves ~1.3M objects
+        # in reference cycles, collected here rather than in the middle of a later timing.
+        gc.collect()
         start = time.perf_counter()
         tables[row] = bench(settings)
         print(f"\n{title}  [{time.perf_counter() - start:.1f} s]", flush=True)
