@@ -17,12 +17,12 @@ one process on one machine are what compare; absolute times move with the machin
                    ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
                    steady-state call, first call, and after how many calls a compile pays.
 
-Every timing is a median over repeats, except rows 1, 4 and 5 (the minimum CPU time over
-repeats, which resolves the microseconds they compare under load) and the first calls of rows 6
-and 7, which report CPU time beside wall time and, in the full run, time each compile in a fresh
-interpreter (Note [Cold compiles]). torch runs on one thread unless ``--threads`` says
-otherwise, so that timings do not depend on how busy the other cores are.
-A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
+Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
+which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
+time. The first calls of rows 6 and 7 report CPU time beside wall time and, in the full run,
+time each compile in a fresh interpreter (Note [Cold compiles]). torch runs on one thread
+unless ``--threads`` says otherwise, so that timings do not depend on how busy the other cores
+are. A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
 path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
 """
 
@@ -69,7 +69,7 @@ Table = list[dict[str, Any]]
 class Settings:
     """How hard to measure: ``--quick`` trades precision for a run of under a minute."""
 
-    repeats: int  # medians are taken over this many repeats
+    repeats: int  # repeats of a timed call (rows 1 and 7 take three times as many, half as long)
     min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
     batch_sizes: tuple[int, ...]
     graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
@@ -899,7 +899,8 @@ def compiled_path_wrap(name: str) -> Wrap:
 def bench_compiled(settings: Settings) -> Table:
     """Row 7: ``vmap(push_jvp)`` compiled, against ``vmap(fxviews.transform(push_jvp))``.
 
-    Steady state: every path compiled once, then timed side by side. First call: a fresh
+    Steady state: every path compiled once, then timed side by side (minimum CPU time, which
+    the first calls' CPU time and the break-even are compared with). First call: a fresh
     function, Dynamo reset, compile caches off, in a fresh interpreter in the full run (see
     Note [Cold compiles]); its CPU time is what the ratios and the break-even compare.
     Break-even: the number of calls ``n`` after which ``first + (n - 1) * steady`` of the
@@ -921,7 +922,9 @@ def bench_compiled(settings: Settings) -> Table:
             if first[name][0]:
                 ready[name] = functools.partial(compiled_path_wrap(name)(make_push_jvp()), *batched)
                 ready[name]()  # compiles (caches on): the steady state follows
-        steady: dict[str, float | None] = dict(median_seconds(ready, settings))
+        steady: dict[str, float | None] = dict(
+            min_cpu_seconds(ready, settings.repeats * 3, settings.min_repeat_seconds / 2)
+        )
     finally:
         reset_dynamo()
     cpu = {name: median_of(calls, "cpu_s") for name, (calls, _) in first.items()}
