@@ -1,7 +1,8 @@
 """``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
 
-Six tables, each a set of timings taken in this run with ratios beside them (ratios measured in
-one process on one machine are what compare; absolute times move with the machine):
+Seven tables, each a set of timings taken in this run with ratios beside them (ratios measured
+in one process on one machine are what compare; absolute times move with the machine). The
+timers are :mod:`fxviews.bench_timing`'s; this module builds what they time:
 
 1. ``vmap``        vmap over the rewritten graph of ``push_jvp`` vs a per-sample Python
                    loop of eager ``push_jvp``, eager ``vmap(push_jvp)`` and
@@ -29,7 +30,6 @@ path that raises prints ``n/a (error: ...)`` and makes the run exit with status 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -37,14 +37,12 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import textwrap
 import time
 import types
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,7 +50,16 @@ import torch
 from tabulate import tabulate
 
 import fxviews
-from fxviews import bench_plots, compile_backend, rewriting, transforming
+from fxviews import bench_plots
+from fxviews.bench_timing import (
+    FirstCall,
+    cpu_ratio_range,
+    first_call,
+    first_call_seconds,
+    median_of,
+    median_seconds,
+    min_cpu_seconds,
+)
 from fxviews.cli import positive_int
 from fxviews.examples import f, push_jvp, seed_args
 
@@ -167,183 +174,6 @@ def dense_views(count: int) -> Callable[..., Any]:
         return torch.func.jvp(functools.partial(body, x), (y,), (yt,))
 
     return generated
-
-
-# --- timing -----------------------------------------------------------------------------------
-
-
-def median_seconds(calls: Mapping[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
-    """Median seconds of one call of each of ``calls`` over ``settings.repeats`` repeats.
-
-    Each repeat runs a call enough times to last ``min_repeat_seconds`` (see
-    :func:`interleaved_samples`).
-    """
-    samples = interleaved_samples(
-        calls, settings.repeats, settings.min_repeat_seconds, time.perf_counter
-    )
-    return {name: statistics.median(times) for name, times in samples.items()}
-
-
-def min_cpu_seconds(
-    calls: Mapping[str, Callable[[], Any]], repeats: int, repeat_seconds: float
-) -> dict[str, float]:
-    """Minimum CPU seconds of one call of each of ``calls`` over ``repeats`` short repeats.
-
-    For differences of a microsecond or two: CPU time leaves out the time the process waits
-    for a core, and the minimum over many short repeats is the repeat least disturbed by the
-    rest of the machine (caches, frequency), where a median of a few long wall-clock repeats
-    moves by more than the difference measured.
-    """
-    samples = interleaved_samples(calls, repeats, repeat_seconds, time.process_time)
-    return {name: min(times) for name, times in samples.items()}
-
-
-def interleaved_samples(
-    calls: Mapping[str, Callable[[], Any]],
-    repeats: int,
-    repeat_seconds: float,
-    timer: Callable[[], float],
-) -> dict[str, list[float]]:
-    """Seconds per call of each of ``calls`` in each of ``repeats`` repeats, read off ``timer``.
-
-    The calls are compared against each other, so their repeats are interleaved: a burst of
-    load from elsewhere on the machine then hits all of them alike instead of one. Each repeat
-    runs a call enough times to last ``repeat_seconds``, so fast calls are not dominated by
-    timer resolution; the first call of each is a warm-up that also sizes that loop.
-    """
-    numbers = {}
-    for name, call in calls.items():
-        start = time.perf_counter()
-        call()
-        elapsed = max(time.perf_counter() - start, 1e-7)
-        numbers[name] = max(1, int(repeat_seconds / elapsed))
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = timer()
-            for _ in range(numbers[name]):
-                call()
-            samples[name].append((timer() - start) / numbers[name])
-    return samples
-
-
-def first_call_seconds(
-    make_fn: Callable[[], Callable[..., Any]],
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
-    args: Sequence[Any],
-    repeats: int,
-    backward: bool = False,
-) -> float:
-    """Median seconds of the first call of ``wrap(make_fn())``, after one warm-up.
-
-    Each call is a :func:`first_call`: it compiles (or traces) from scratch, as a fresh function
-    in a warm process does.
-    """
-    from fxviews.passes.torch_internals import reset_dynamo
-
-    try:
-        first_call(make_fn, wrap, args, backward)  # imports, lazy initialisation, Dynamo's own
-        return statistics.median(
-            first_call(make_fn, wrap, args, backward).wall_s for _ in range(repeats)
-        )
-    finally:
-        reset_dynamo()
-
-
-@dataclass(frozen=True)
-class FirstCall:
-    """One first call (trace or compile, and one run): its wall time, CPU time, engine share.
-
-    ``cpu_s`` counts this process and every child process it waited for during the call (the
-    C++ compiler Inductor runs); ``engine_s`` is the CPU time spent inside fxviews' rewrite
-    steps during the call (0.0 on paths that do not run fxviews).
-    """
-
-    wall_s: float
-    cpu_s: float
-    engine_s: float
-
-
-def cpu_seconds() -> float:
-    """CPU seconds used so far by this process and by the children it has waited for."""
-    import resource  # Unix only: imported where it is used
-
-    return sum(
-        usage.ru_utime + usage.ru_stime
-        for usage in (
-            resource.getrusage(resource.RUSAGE_SELF),
-            resource.getrusage(resource.RUSAGE_CHILDREN),
-        )
-    )
-
-
-#: The modules that run fxviews' rewrite in a first call: each calls ``rewrite_in_place`` on the
-#: graphs it owns (the engine, the reshape and pinning steps, hygiene, the one recompile).
-_REWRITE_CALLERS = (compile_backend, transforming)
-
-
-@contextlib.contextmanager
-def engine_timer() -> Iterator[list[float]]:
-    """Count the CPU time spent in fxviews' rewrite while the block runs.
-
-    ``rewrite_in_place`` is wrapped, for the block, where the backend and ``transform`` call it.
-    Yields a list whose one item is the total.
-
-    Example::
-
-        >>> with engine_timer() as spent:
-        ...     torch.compile(fn, backend="fxviews")(*args)
-        >>> spent[0]   # seconds
-        0.0191
-    """
-    spent = [0.0]
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.process_time()
-        try:
-            return rewriting.rewrite_in_place(*args, **kwargs)
-        finally:
-            spent[0] += time.process_time() - start
-
-    for module in _REWRITE_CALLERS:
-        setattr(module, "rewrite_in_place", timed)  # noqa: B010 - mypy: a function's name
-    try:
-        yield spent
-    finally:
-        for module in _REWRITE_CALLERS:
-            setattr(module, "rewrite_in_place", rewriting.rewrite_in_place)  # noqa: B010
-
-
-def first_call(
-    make_fn: Callable[[], Callable[..., Any]],
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
-    args: Sequence[Any],
-    backward: bool = False,
-) -> FirstCall:
-    """The first call of ``wrap(make_fn())``, Dynamo reset and compile caches off around it.
-
-    ``backward=True`` also runs the backward of the output, which compiles the backward graph.
-    """
-    # Imported on use: Dynamo takes over a second to import, and most benchmarks never need it.
-    from fxviews.passes.torch_internals import reset_dynamo
-
-    reset_dynamo()
-    fn = wrap(make_fn())
-    # Config modules gain patch() when torch installs them, invisibly to type checkers.
-    with (
-        torch.compiler.config.patch(force_disable_caches=True),  # type: ignore[attr-defined]
-        warnings.catch_warnings(),
-        engine_timer() as engine,
-    ):
-        # Dynamo warns that disabling caches disables its profile-guided recompiles too, on
-        # every compile (a reset forgets it warned): that is the cold compile measured here.
-        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
-        wall, cpu = time.perf_counter(), cpu_seconds()
-        out = fn(*args)
-        if backward:
-            out.backward()
-        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-    return FirstCall(wall, cpu, engine[0])
 
 
 # --- first calls in fresh interpreters ---------------------------------------------------------
@@ -461,26 +291,6 @@ def first_call_samples(
     finally:
         reset_dynamo()
     return {name: (samples[name] if not notes[name] else [], notes[name]) for name in cases}
-
-
-def median_of(calls: Sequence[FirstCall], field: str) -> float | None:
-    """The median of one field of ``calls`` (None without calls)."""
-    return statistics.median(getattr(c, field) for c in calls) if calls else None
-
-
-def cpu_ratio_range(calls: Sequence[FirstCall], base: Sequence[FirstCall]) -> str:
-    """The lowest and highest CPU-time ratio of ``calls`` to ``base`` measured in one round.
-
-    Example::
-
-        >>> cpu_ratio_range([FirstCall(1, 1.1, 0), FirstCall(1, 0.9, 0)],
-        ...                 [FirstCall(1, 1.0, 0), FirstCall(1, 1.0, 0)])
-        '0.9-1.1x'
-    """
-    if len(calls) < 2 or len(calls) != len(base):
-        return ""
-    ratios = [c.cpu_s / b.cpu_s for c, b in zip(calls, base, strict=True)]
-    return f"{min(ratios):.2g}-{max(ratios):.2g}x"
 
 
 #: How a note starts when the path it measures raised: the run then exits with status 1.
@@ -628,7 +438,8 @@ def bench_graph(settings: Settings) -> Table:
                 "original": functools.partial(original, *args),
                 "rewritten": functools.partial(graph, *args),
             },
-            settings,
+            settings.repeats,
+            settings.min_repeat_seconds,
         )
         t_original, t_rewritten = times["original"], times["rewritten"]
         table.append(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews import bench
+from fxviews import bench, bench_timing
 from fxviews.examples import push_jvp, seed_args
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
@@ -172,10 +172,10 @@ def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
 
 
 def test_cpu_ratio_range_spans_the_rounds() -> None:
-    calls = [bench.FirstCall(1.0, 1.1, 0.0), bench.FirstCall(1.0, 0.9, 0.0)]
-    base = [bench.FirstCall(2.0, 1.0, 0.0), bench.FirstCall(2.0, 1.0, 0.0)]
-    assert bench.cpu_ratio_range(calls, base) == "0.9-1.1x"
-    assert bench.cpu_ratio_range(calls[:1], base[:1]) == ""  # one round: no range
+    calls = [bench_timing.FirstCall(1.0, 1.1, 0.0), bench_timing.FirstCall(1.0, 0.9, 0.0)]
+    base = [bench_timing.FirstCall(2.0, 1.0, 0.0), bench_timing.FirstCall(2.0, 1.0, 0.0)]
+    assert bench_timing.cpu_ratio_range(calls, base) == "0.9-1.1x"
+    assert bench_timing.cpu_ratio_range(calls[:1], base[:1]) == ""  # one round: no range
 
 
 def test_a_cold_compile_runs_in_a_child_and_counts_the_engine() -> None:
