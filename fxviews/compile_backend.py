@@ -34,7 +34,7 @@ from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
 from fxviews.rewriting import rewrite_in_place
 from fxviews.torch_state import preserved_torch_state
-from fxviews.tracing import tracing_lock
+from fxviews.tracing import first_line, tracing_lock
 
 #: What an inner compiler returns: a function of the graph's inputs (boxed or not).
 CompiledFn = Callable[..., Any]
@@ -238,7 +238,7 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
                 "before fxviews saw it (%s: %s)",
                 name,
                 type(err).__name__,
-                _first_line(err),
+                first_line(err),
             )
             return gm.forward
         finally:
@@ -247,11 +247,6 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
     # torch.compile names the backend after __name__ in its logs and errors.
     serialized.__name__ = name
     return serialized
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:

@@ -68,7 +68,15 @@ from fxviews.passes.torch_internals import (
 from fxviews.rewriting import TRACED_WITH
 from fxviews.torch_state import preserved_torch_state
 
-__all__ = ["TRACED_WITH", "TracingError", "capture", "function_name", "trace", "tracing_lock"]
+__all__ = [
+    "TRACED_WITH",
+    "TracingError",
+    "capture",
+    "first_line",
+    "function_name",
+    "trace",
+    "tracing_lock",
+]
 
 #: Serializes every trace in the process. Tracing torch.func code is not reentrant across
 #: threads: forward-AD levels, functorch's transform stack and dispatch modes are shared
@@ -171,11 +179,11 @@ def capture(
         if not _is_fake_mode_limitation(fake_error):
             raise TracingError(
                 f"{caller} could not trace {name} ({type(fake_error).__name__}: "
-                f"{_first_line(fake_error)})",
+                f"{first_line(fake_error)})",
                 "untraceable",
             ) from fake_error
         gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
-        gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {_first_line(fake_error)})"
+        gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
 
 
@@ -288,7 +296,7 @@ class _BranchDetector(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-            raise _TensorBranch(_first_line(err)) from err
+            raise _TensorBranch(first_line(err)) from err
 
 
 def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
@@ -307,7 +315,7 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
         raise TracingError(
             f"{prefix}: a shape, index or Python number in it is computed from tensor values "
             f"(e.g. `x[:int(x.sum())]` or `torch.nonzero`), which one graph cannot capture "
-            f"for every value. ({_first_line(err)})",
+            f"for every value. ({first_line(err)})",
             "data-dependent shape",
         ) from err
     if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
@@ -392,14 +400,14 @@ def _capture_real(
         raise TracingError(
             f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
             f"tensor values in a way one graph cannot capture. (Fake mode had failed first: "
-            f"{_first_line(fake_error)})",
+            f"{first_line(fake_error)})",
             "data-dependent shape",
         ) from err
     except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
         raise TracingError(
             f"{caller} could not trace {name} in fake mode ({type(fake_error).__name__}: "
-            f"{_first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
-            f"{_first_line(err)})",
+            f"{first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
+            f"{first_line(err)})",
             "untraceable",
         ) from err
     _recompute_layouts(gm, fake_args, mode, caller, name)
@@ -609,11 +617,19 @@ def _recompute_layouts(
     except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown
         raise TracingError(
             f"{caller} traced {name} in real mode but could not recompute the exact layouts of "
-            f"its graph in fake mode ({type(err).__name__}: {_first_line(err)})",
+            f"its graph in fake mode ({type(err).__name__}: {first_line(err)})",
             "untraceable",
         ) from err
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (its type's name when it has none), for one-line
+    reports of an error PyTorch raised.
+
+    Example::
+
+        >>> first_line(RuntimeError("view size is not compatible"))
+        'view size is not compatible'
+    """
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
