@@ -91,7 +91,6 @@ class AliasAnalysis:
             writers = self.writers.setdefault(self.root[written], [])
             if not writers or writers[-1] is not writer:
                 writers.append(writer)
-        self.last_writer = {root: writers[-1] for root, writers in self.writers.items()}
 
     def why_observed(self, view: torch.fx.Node) -> str | None:
         """Why sharing memory through ``view`` is observable, or None if it is not.
@@ -101,7 +100,8 @@ class AliasAnalysis:
         holds a graph input or another output (a copy would break that output's aliasing).
         """
         root = self.root[view]
-        writer = self.last_writer.get(root)
+        writers = self.writers.get(root)
+        writer = writers[-1] if writers else None  # the last one
         if writer is not None and self.position[writer] > self.position[view]:
             return f"its memory is written afterwards, at {writer.name!r}"
         below = self.derived_closure(view)

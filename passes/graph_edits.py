@@ -148,6 +148,20 @@ def tensor_val(node: Any) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+def traced_tensor(node: torch.fx.Node) -> torch.Tensor:
+    """``node``'s traced tensor, which the caller knows it has (else an internal error).
+
+    Example::
+
+        >>> traced_tensor(clone_node).stride()
+        (6, 1)
+    """
+    val = tensor_val(node)
+    if val is None:
+        raise FxViewsError(f"internal: node {node.name!r} has no tensor metadata")
+    return val
+
+
 def arguments_by_name(node: torch.fx.Node, op: OpOverload) -> dict[str, Any]:
     """``node``'s arguments, positional and keyword alike, by the names in ``op``'s schema."""
     # strict=False: arguments left to their defaults are not in node.args.

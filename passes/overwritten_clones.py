@@ -75,7 +75,7 @@ import torch
 import torch.fx
 
 from .aliasing import AliasAnalysis, is_opaque
-from .graph_edits import OutputDeferringReplacer, describe_call, tensor_val
+from .graph_edits import OutputDeferringReplacer, describe_call, tensor_val, traced_tensor
 from .op_tables import LAYOUT_VIEWS, METADATA_MUTATIONS
 from .pinning import layout_dependence
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
@@ -206,7 +206,7 @@ class _Proof:
             return None
         if clone.kwargs.get("memory_format") not in _LAYOUT_FOLLOWS_INPUT:
             return f"{clone.name} asks for {clone.kwargs['memory_format']}"
-        traced, val = _val(clone), _val(source)
+        traced, val = traced_tensor(clone), traced_tensor(source)
         facts = ShapeFacts.of([traced, val])
         for dim, (size, a, b) in enumerate(
             zip(traced.shape, traced.stride(), val.stride(), strict=True)
@@ -259,7 +259,7 @@ def _unreadable_call(
 
 def _overwrite_mismatch(clone: torch.fx.Node, source: torch.fx.Node) -> str | None:
     """Condition 2: the copy writes every element, converting nothing."""
-    traced, val = _val(clone), _val(source)
+    traced, val = traced_tensor(clone), traced_tensor(source)
     if traced.dtype != val.dtype:
         return f"{source.name} is {val.dtype}, {clone.name} {traced.dtype}: copy_ casts"
     if traced.device != val.device:
@@ -307,12 +307,6 @@ def _proven_equal(a: Any, b: Any, facts: ShapeFacts | None) -> bool:
         return facts.equal(facts.expression(a), facts.expression(b))
     except Unproven:
         return False
-
-
-def _val(node: torch.fx.Node) -> torch.Tensor:
-    val = tensor_val(node)
-    assert val is not None  # condition 1 was checked first
-    return val
 
 
 def _describe(node: torch.fx.Node) -> str:

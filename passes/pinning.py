@@ -63,7 +63,14 @@ from .as_strided_calls import bind_as_strided
 from .chain_emission import GraphEmitter
 from .errors import FxViewsError
 from .geometry import Geometry, equivalent
-from .graph_edits import argument_nodes, describe_call, input_node, op_name, tensor_val
+from .graph_edits import (
+    argument_nodes,
+    describe_call,
+    input_node,
+    op_name,
+    tensor_val,
+    traced_tensor,
+)
 from .op_tables import AS_STRIDED_OPS
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .torch_internals import (
@@ -429,7 +436,7 @@ def _pin_clone(graph: torch.fx.Graph, origin: torch.fx.Node, order: list[int]) -
 def _like_to_new(graph: torch.fx.Graph, origin: torch.fx.Node, new_op: Any) -> bool:
     """``zeros_like(x, ...)`` -> ``new_zeros(x, size, ...)`` (and the other ``*_like``)."""
     kwargs = {k: v for k, v in origin.kwargs.items() if k not in _KWARGS_NOT_FOR_NEW}
-    size = list(_traced_tensor(origin).shape)
+    size = list(traced_tensor(origin).shape)
     with graph.inserting_before(origin):
         pinned = GraphEmitter(graph, origin)(
             new_op, origin.args[0], size, *origin.args[1:], **kwargs
@@ -454,7 +461,7 @@ def _verify_and_replace(
 ) -> None:
     """Every use of ``origin`` (those ``replace_in`` accepts) becomes ``pinned``, which must
     have ``origin``'s traced geometry."""
-    expected, made = _traced_tensor(origin), tensor_val(pinned)
+    expected, made = traced_tensor(origin), tensor_val(pinned)
     if made is None or not equivalent(Geometry.of(made), Geometry.of(expected)):
         raise FxViewsError(f"internal: the pin of {origin.name!r} lost its traced layout")
     origin.replace_all_uses_with(pinned, delete_user_cb=replace_in or (lambda user: True))
@@ -467,7 +474,7 @@ def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) 
     cloned: dict[torch.fx.Node, torch.fx.Node] = {}
     with graph.inserting_before(node):
         for argument in dict.fromkeys(arguments):
-            if _traced_tensor(argument).dim() == 0:
+            if traced_tensor(argument).dim() == 0:
                 continue
             emit = GraphEmitter(graph, argument)
             cloned[argument] = emit(
@@ -482,11 +489,3 @@ def _pin_kernel_arguments(graph: torch.fx.Graph, node: torch.fx.Node, why: str) 
     after = f"{op_name(node.target)}(contiguous clones of {names})"
     reason = f"{why}: each tensor argument gets a contiguous clone at the call"
     return _pinned(node, before, after, reason)
-
-
-def _traced_tensor(node: torch.fx.Node) -> torch.Tensor:
-    """``node``'s traced tensor, which the caller knows it has (else an internal error)."""
-    val = tensor_val(node)
-    if val is None:
-        raise FxViewsError(f"internal: node {node.name!r} has no tensor metadata")
-    return val
