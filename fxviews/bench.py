@@ -62,6 +62,7 @@ from fxviews.bench_timing import (
 )
 from fxviews.cli import positive_int
 from fxviews.examples import f, push_jvp, seed_args
+from fxviews.tracing import first_line
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -176,6 +177,20 @@ def dense_views(count: int) -> Callable[..., Any]:
     return generated
 
 
+def seed_batch(batch: int) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
+    """``batch`` samples of ``push_jvp``'s arguments, and the same stacked along dim 0."""
+    samples: list[tuple[torch.Tensor, ...]] = [seed_args() for _ in range(batch)]
+    return samples, tuple(torch.stack(column) for column in zip(*samples, strict=True))
+
+
+def steady_cpu_seconds(
+    calls: Mapping[str, Callable[[], Any]], settings: Settings
+) -> dict[str, float]:
+    """Rows 1 and 7's steady-state times: minimum CPU seconds over three times the settings'
+    repeats, each half as long (:func:`~fxviews.bench_timing.min_cpu_seconds`)."""
+    return min_cpu_seconds(calls, settings.repeats * 3, settings.min_repeat_seconds / 2)
+
+
 # --- first calls in fresh interpreters ---------------------------------------------------------
 #
 # Note [Cold compiles]
@@ -209,8 +224,7 @@ class FirstCallCase:
     ) -> tuple[Callable[[], Callable[..., Any]], Wrap, tuple[torch.Tensor, ...], bool]:
         """``(make_fn, wrap, args, backward)`` for :func:`first_call`."""
         if self.row == "compiled":
-            samples = [seed_args() for _ in range(COMPILED_BATCH)]
-            batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+            _, batched = seed_batch(COMPILED_BATCH)
             return make_push_jvp, compiled_path_wrap(self.path), batched, False
         make_fn, train = COMPILE_FUNCTIONS[self.function]
         args = tuple(t.requires_grad_(train) for t in seed_args())
@@ -306,8 +320,7 @@ def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
     try:
         return measure(), ""
     except Exception as err:  # noqa: BLE001 - reported in its cell, and fails the run
-        text = str(err).strip().splitlines()
-        return None, f"{FAILED}{type(err).__name__}: {text[0] if text else ''}"[:118] + ")"
+        return None, f"{FAILED}{type(err).__name__}: {first_line(err)}"[:118] + ")"
 
 
 def failed_paths(tables: dict[str, Table]) -> list[str]:
@@ -375,8 +388,7 @@ def bench_vmap(settings: Settings) -> Table:
     transform, why = transform_or_reason()
     table = []
     for batch in settings.batch_sizes:
-        samples = [seed_args() for _ in range(batch)]
-        batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+        samples, batched = seed_batch(batch)
         # Every vmap is built once, outside the timer: the rows compare running, not wrapping.
         calls = {
             "loop": functools.partial(_per_sample, push_jvp, samples),
@@ -394,7 +406,7 @@ def bench_vmap(settings: Settings) -> Table:
             # calls per repeat, and the row measured the first calls after it.
             calls["transform_vmap"]()
         times: dict[str, float | None] = {"transform_vmap": None}
-        times.update(min_cpu_seconds(calls, settings.repeats * 3, settings.min_repeat_seconds / 2))
+        times.update(steady_cpu_seconds(calls, settings))
         table.append(
             {
                 "B": batch,
@@ -553,7 +565,7 @@ def _pass_cost_of(
     }
 
 
-#: Row 5's batch size under vmap, as in the issue's goal for ``vmap(transform)``.
+#: Row 5's batch size under vmap.
 OVERHEAD_BATCH = 256
 
 
@@ -575,8 +587,7 @@ def bench_overhead(settings: Settings) -> Table:
     args = seed_args()
     graph = rewritten(fxviews.trace(push_jvp, *args))
     flat_graph = rewritten(fxviews.trace(_flat_push_jvp, *args))
-    samples = [seed_args() for _ in range(OVERHEAD_BATCH)]
-    batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+    _, batched = seed_batch(OVERHEAD_BATCH)
     cases = {
         "direct": (lambda fn: fn, args),
         f"vmap, B={OVERHEAD_BATCH}": (torch.func.vmap, batched),
@@ -665,7 +676,7 @@ COMPILED_PATHS: dict[str, tuple[dict[str, Any], bool]] = {
     "fxviews (inductor)": ({"backend": "fxviews", "options": {"inner": "inductor"}}, True),
 }
 
-#: Batch size of row 7, as in the issue's measurements of the compiled paths.
+#: Batch size of row 7.
 COMPILED_BATCH = 256
 
 
@@ -720,8 +731,7 @@ def bench_compiled(settings: Settings) -> Table:
     from fxviews.passes.torch_internals import reset_dynamo
 
     transform, why = transform_or_reason()
-    samples = [seed_args() for _ in range(COMPILED_BATCH)]
-    batched = tuple(torch.stack(column) for column in zip(*samples, strict=True))
+    _, batched = seed_batch(COMPILED_BATCH)
     names = [TRANSFORM_PATH] if transform is not None else []
     names += [
         n for n, (_, inductor) in COMPILED_PATHS.items() if settings.default_backend or not inductor
@@ -733,9 +743,7 @@ def bench_compiled(settings: Settings) -> Table:
             if first[name][0]:
                 ready[name] = functools.partial(compiled_path_wrap(name)(make_push_jvp()), *batched)
                 ready[name]()  # compiles (caches on): the steady state follows
-        steady: dict[str, float | None] = dict(
-            min_cpu_seconds(ready, settings.repeats * 3, settings.min_repeat_seconds / 2)
-        )
+        steady: dict[str, float | None] = dict(steady_cpu_seconds(ready, settings))
     finally:
         reset_dynamo()
     cpu = {name: median_of(calls, "cpu_s") for name, (calls, _) in first.items()}
