@@ -12,10 +12,11 @@ Example::
     [(<RecordKind.AS_STRIDED: 'as_strided'>, 'select(clone_1, 0, 0)')]
 """
 
-from fxviews.compile_backend import backend  # importing it registers backend="fxviews"
-from fxviews.onnx_export import export_onnx
+from fxviews.consumers.compile_backend import backend  # importing it registers backend="fxviews"
+from fxviews.consumers.onnx import export_onnx
+from fxviews.graph_rewriting import RewriteResult
 from fxviews.passes import FxViewsError, Record, RecordKind, UnsafeAsStridedError
-from fxviews.rewriting import RewriteResult, rewrite
+from fxviews.rewriting import rewrite
 from fxviews.tracing import TracingError, trace
 from fxviews.transforming import explain, transform
 

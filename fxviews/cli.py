@@ -22,27 +22,12 @@ from typing import Any
 import torch
 
 import fxviews
+from fxviews.arguments import positive_int
 from fxviews.examples import f, push_jvp, seed_args
 from fxviews.passes.torch_internals import pytree
 from fxviews.printouts import DEFAULT_WIDTH, format_result
 
-__all__ = ["COMMANDS", "build_parser", "main", "positive_int"]
-
-
-def positive_int(text: str) -> int:
-    """An argparse ``type`` for counts: a usage error, not a traceback, for 0 or less.
-
-    Example::
-
-        >>> parser.add_argument("--batch-size", type=positive_int, default=5)
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 
 # --------------------------------------------------------------------------------------------

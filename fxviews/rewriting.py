@@ -1,69 +1,21 @@
-"""``fxviews.rewrite``: run the engine on a copy of a GraphModule and report what it did."""
+"""``fxviews.rewrite``: the engine on a copy of a GraphModule or of an exported program.
+
+The front door only dispatches: a GraphModule goes to :func:`fxviews.graph_rewriting.rewrite_graph`,
+an ``ExportedProgram`` to :func:`fxviews.consumers.export.rewrite_exported`, which rewrites the
+program's graph the same way and builds a new, validated program around it.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from fxviews.passes import (
-    AsStridedToViews,
-    LayoutPinning,
-    OverwrittenClones,
-    Record,
-    RecordedPassResult,
-    ViewToReshape,
-    drop_redundant_aliases,
-    remove_dead_pure_nodes,
-)
-from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
-from fxviews.passes.graph_edits import collector_paused, copy_graph
-from fxviews.passes.torch_internals import LazyGraphModule
-from fxviews.printouts import format_result, format_summary
+from fxviews.consumers.export import rewrite_exported
+from fxviews.graph_rewriting import RewriteResult, rewrite_graph
 
-#: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
-TRACED_WITH = "fxviews_traced_with"
-
-
-@dataclass
-class RewriteResult:
-    """The outcome of :func:`rewrite`.
-
-    ``graph_module`` is a new GraphModule (the input is never mutated); ``records`` holds one
-    :class:`~fxviews.passes.Record` per as_strided node seen; ``view_records`` one per
-    layout-bound view (``view``, ``_unsafe_view``, ``_reshape_alias``, ``view_as_complex``)
-    that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``pin_records`` one per
-    layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``clone_records``
-    one per clone a ``copy_`` overwrites, method ``"reclone"`` or ``"kept"``
-    (:class:`fxviews.passes.OverwrittenClones`); ``modified`` says whether the graph changed.
-    ``print(result)`` shows the graph-diff printout.
-    """
-
-    graph_module: torch.fx.GraphModule
-    records: list[Record]
-    modified: bool
-    code_before: str
-    seconds: float = 0.0
-    view_records: list[Record] = field(default_factory=list)
-    pin_records: list[Record] = field(default_factory=list)
-    clone_records: list[Record] = field(default_factory=list)
-    #: How the graph was traced, when fxviews traced it (``"fake mode"`` or ``"real mode
-    #: (fake mode failed: ...)"``); None for graphs made elsewhere.
-    traced_with: str | None = None
-
-    @property
-    def code_after(self) -> str:
-        return self.graph_module.code
-
-    def __repr__(self) -> str:
-        # What a REPL shows: the summary line, not a dataclass dump of graphs and code.
-        return f"<RewriteResult {format_summary(self)}; print() it for the table and diff>"
-
-    def __str__(self) -> str:
-        return format_result(self)
+__all__ = ["rewrite"]
 
 
 def rewrite(
@@ -86,7 +38,7 @@ def rewrite(
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
     ``example_inputs`` to compute it; without them an :class:`fxviews.FxViewsError` says so.
     An ``ExportedProgram`` gives a new, validated one in ``result.exported_program``
-    (:mod:`fxviews.exporting`).
+    (:mod:`fxviews.consumers.export`).
 
     Example::
 
@@ -94,90 +46,11 @@ def rewrite(
         >>> [r.method for r in res.records]
         ['provenance']
     """
-    if isinstance(gm, torch.export.ExportedProgram):  # a new program, see fxviews.exporting
-        from fxviews.exporting import rewrite_exported
-
+    if isinstance(gm, torch.export.ExportedProgram):
         return rewrite_exported(gm, strict, reshape_views, example_inputs, pin_layouts)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(
             "fxviews.rewrite expects a torch.fx.GraphModule or torch.export.ExportedProgram, "
             f"got {type(gm).__name__}"
         )
-    start = time.perf_counter()
-    # The steps rewrite a copy of the graph, in a lazy module that generates no code; the module
-    # returned is built over it once they are done: one copy and one code generation in all.
-    # The caller's graph stays as it was, while parameters, buffers and tensor constants stay
-    # shared (gradients still reach them).
-    # FX's code generation, like the copy and the steps, runs with the cyclic collector paused
-    # (Note [Graph edits and the cyclic collector]): on a 100k-node graph its full collections
-    # made code generation grow faster than the graph.
-    with collector_paused():
-        work = LazyGraphModule(gm, copy_graph(gm.graph))
-        work.meta = dict(gm.meta)
-        result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
-        own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
-    own.meta = work.meta
-    result.graph_module = own
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def rewrite_in_place(
-    gm: torch.fx.GraphModule,
-    strict: bool = False,
-    example_inputs: Sequence[Any] | None = None,
-    reshape_views: bool = True,
-    pin_layouts: bool = True,
-) -> RewriteResult:
-    """:func:`rewrite` for a caller that owns ``gm`` (transform, backend): no copy is made.
-
-    ``gm`` itself is rewritten and becomes ``result.graph_module``.
-
-    Example::
-
-        >>> gm = fxviews.trace(push_jvp, x, y, yt)
-        >>> rewrite_in_place(gm).graph_module is gm
-        True
-    """
-    with collector_paused():  # as in rewrite
-        return _rewrite_steps(gm, gm.code, strict, example_inputs, reshape_views, pin_layouts)
-
-
-def _rewrite_steps(
-    gm: torch.fx.GraphModule,
-    code_before: str,
-    strict: bool,
-    example_inputs: Sequence[Any] | None,
-    reshape_views: bool,
-    pin_layouts: bool,
-) -> RewriteResult:
-    """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
-    start = time.perf_counter()
-    # Each step edits the graph; the module is recompiled once, after the last one.
-    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)(gm)
-    made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
-    skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records
-    reshaped = ViewToReshape(recompile=False)(gm) if reshape_views else skipped
-    pinned = LayoutPinning(recompile=False)(gm) if pin_layouts else skipped
-    modified = engine.modified or reshaped.modified or pinned.modified
-    modified = remove_dead_pure_nodes(gm, recompile=False) or modified
-    modified = drop_redundant_aliases(gm, recompile=False) or modified
-    # After pinning (a clone it pins, contiguous_format, has one layout from any source) and
-    # after the dead metadata checks are gone (one reading strides would keep every clone).
-    reclones = OverwrittenClones(recompile=False)(gm)
-    if reclones.modified:  # the overwritten clone's old input may have no reader left
-        remove_dead_pure_nodes(gm, recompile=False)
-        modified = True
-    if modified:
-        gm.recompile()
-    return RewriteResult(
-        graph_module=gm,
-        records=engine.records,
-        modified=modified,
-        code_before=code_before,
-        seconds=time.perf_counter() - start,
-        view_records=credit_engine(reshaped.records, made),
-        pin_records=credit_engine(pinned.records, made),
-        clone_records=reclones.records,
-        traced_with=gm.meta.get(TRACED_WITH),
-    )
+    return rewrite_graph(gm, strict, example_inputs, reshape_views, pin_layouts)

@@ -41,6 +41,7 @@ from typing import Any, Literal
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.torch_internals import (
@@ -65,7 +66,6 @@ from fxviews.passes.torch_internals import (
     op_schema,
     pytree,
 )
-from fxviews.rewriting import TRACED_WITH
 from fxviews.torch_state import preserved_torch_state
 
 __all__ = [

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.passes.torch_internals import (
     disable_current_modes,
     is_functorch_wrapped_tensor,
@@ -52,7 +53,7 @@ from fxviews.passes.torch_internals import (
 )
 from fxviews.printouts import logger, report_rewrite
 from fxviews.rebuilding import Rebuilder, output_rebuilder
-from fxviews.rewriting import RewriteResult, rewrite, rewrite_in_place
+from fxviews.rewriting import rewrite
 from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock
 
 __all__ = ["CacheInfo", "explain", "transform"]

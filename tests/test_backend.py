@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.compile_backend import fxviews_backend
+from fxviews.consumers.compile_backend import fxviews_backend
 from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import (
     BackendCompilerFailed,
@@ -315,7 +315,7 @@ def test_entry_point_works_without_importing_fxviews():
         torch._dynamo.reset()
         opts = {"inner": lambda gm, ex: print(gm.code) or gm.forward}
         torch.compile(f, backend="fxviews", options=opts)(x)
-        print("loaded through entry point:", "fxviews.compile_backend" in sys.modules)
+        print("loaded through entry point:", "fxviews.consumers.compile_backend" in sys.modules)
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "FXVIEWS_DEBUG"}

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fxviews
-from fxviews import bench, bench_timing
+from fxviews import bench
+from fxviews.bench import cli, cold, report, rows_compile, rows_runtime, settings, timing, workloads
 from fxviews.examples import push_jvp, seed_args
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
@@ -26,7 +27,7 @@ FAST_ROWS = ("vmap", "graph", "overhead")
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``--quick`` tinier still: one repeat, short loops, a 1k-node graph only."""
     monkeypatch.setattr(
-        bench, "QUICK", bench.Settings(1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20)
+        cli, "QUICK", settings.Settings(1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20)
     )
 
 
@@ -57,12 +58,12 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     ):
         assert header in printed
 
-    assert bench.FAILED not in printed  # every measured path ran
-    report = json.loads(out_path.read_text())
-    assert set(report) == {"meta", "rows"}
-    assert {"torch", "threads", "quick", "date"} <= set(report["meta"])
-    assert report["meta"]["threads"] == 1 and report["meta"]["quick"] is True
-    rows = report["rows"]
+    assert report.FAILED not in printed  # every measured path ran
+    written = json.loads(out_path.read_text())
+    assert set(written) == {"meta", "rows"}
+    assert {"torch", "threads", "quick", "date"} <= set(written["meta"])
+    assert written["meta"]["threads"] == 1 and written["meta"]["quick"] is True
+    rows = written["rows"]
     assert list(rows) == list(bench.ROWS)
     assert [line["B"] for line in rows["vmap"]] == [8, 64]
     assert {"loop_s", "eager_vmap_s", "graph_vmap_s", "transform_vmap_s"} <= set(rows["vmap"][0])
@@ -76,7 +77,10 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     # Row 5: the cached call against its graph returning fn's tree and a flat list, called
     # directly and under vmap, every path measured and the differences consistent with them.
     overhead = rows["overhead"]
-    assert [line["call"] for line in overhead] == ["direct", f"vmap, B={bench.OVERHEAD_BATCH}"]
+    assert [line["call"] for line in overhead] == [
+        "direct",
+        f"vmap, B={rows_runtime.OVERHEAD_BATCH}",
+    ]
     for line in overhead:
         assert all(line[k] > 0 for k in ("tf_s", "graph_s", "flat_graph_s"))
         assert line["overhead_s"] == line["tf_s"] - line["graph_s"]
@@ -116,7 +120,7 @@ def test_a_measured_path_that_raises_fails_the_run(tiny, capsys, monkeypatch) ->
     def broken(*args, **kwargs):
         raise RuntimeError("backend exploded")
 
-    monkeypatch.setattr(bench, "first_call_seconds", broken)
+    monkeypatch.setattr(rows_compile, "first_call_seconds", broken)
     assert bench.main(["--quick", "--rows", "first_call"]) == 1
     printed = capsys.readouterr().out
     assert "measured paths failed" in printed
@@ -126,10 +130,10 @@ def test_a_measured_path_that_raises_fails_the_run(tiny, capsys, monkeypatch) ->
 def test_break_even_counts_the_calls_a_compile_needs_to_pay_for_itself() -> None:
     # 10 s more up front, 90 us less per call: n - 1 > 10 / 90e-6 = 111,111.1 calls after the
     # first, so the 111,113th call is the first with a lower total.
-    assert bench.break_even(10.1, 10e-6, 0.1, 100e-6) == "111,113"
-    assert bench.break_even(10.0, 100e-6, 0.1, 100e-6) == "never"  # no faster per call
-    assert bench.break_even(0.05, 200e-6, 0.1, 100e-6) == "1"  # cheaper from the first call
-    assert bench.break_even(None, 1e-6, 0.1, 1e-4) == ""
+    assert rows_compile.break_even(10.1, 10e-6, 0.1, 100e-6) == "111,113"
+    assert rows_compile.break_even(10.0, 100e-6, 0.1, 100e-6) == "never"  # no faster per call
+    assert rows_compile.break_even(0.05, 200e-6, 0.1, 100e-6) == "1"  # cheaper from the first call
+    assert rows_compile.break_even(None, 1e-6, 0.1, 1e-4) == ""
 
 
 def test_plot_writes_png_charts(tiny, tmp_path, capsys) -> None:
@@ -160,8 +164,8 @@ def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
     """Row 5 compares two graphs that differ only in how they return push_jvp's four tensors."""
     args = seed_args()
     (view, base), (view_t, base_t) = push_jvp(*args)  # eager: the reference
-    tree = bench.rewritten(fxviews.trace(push_jvp, *args))
-    flat = bench.rewritten(fxviews.trace(bench._flat_push_jvp, *args))
+    tree = workloads.rewritten(fxviews.trace(push_jvp, *args))
+    flat = workloads.rewritten(fxviews.trace(workloads.flat_push_jvp, *args))
     torch.testing.assert_close(tree.forward(*args), ((view, base), (view_t, base_t)))
     torch.testing.assert_close(flat.forward(*args), [view, base, view_t, base_t])
 
@@ -172,19 +176,19 @@ def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
 
 
 def test_cpu_ratio_range_spans_the_rounds() -> None:
-    calls = [bench_timing.FirstCall(1.0, 1.1, 0.0), bench_timing.FirstCall(1.0, 0.9, 0.0)]
-    base = [bench_timing.FirstCall(2.0, 1.0, 0.0), bench_timing.FirstCall(2.0, 1.0, 0.0)]
-    assert bench_timing.cpu_ratio_range(calls, base) == "0.9-1.1x"
-    assert bench_timing.cpu_ratio_range(calls[:1], base[:1]) == ""  # one round: no range
+    calls = [timing.FirstCall(1.0, 1.1, 0.0), timing.FirstCall(1.0, 0.9, 0.0)]
+    base = [timing.FirstCall(2.0, 1.0, 0.0), timing.FirstCall(2.0, 1.0, 0.0)]
+    assert timing.cpu_ratio_range(calls, base) == "0.9-1.1x"
+    assert timing.cpu_ratio_range(calls[:1], base[:1]) == ""  # one round: no range
 
 
 def test_a_cold_compile_runs_in_a_child_and_counts_the_engine() -> None:
     # One fresh interpreter compiling push_jvp with backend="fxviews" (see Note [Cold compiles]):
     # the engine's time is part of the compile's CPU time, which covers the wall time's work.
-    call = bench.cold_first_call(bench.FirstCallCase("compile", "fxviews"), threads=1)
+    call = cold.cold_first_call(cold.FirstCallCase("compile", "fxviews"), threads=1)
     assert 0 < call.engine_s < call.cpu_s and call.wall_s > 0
 
 
 def test_a_cold_compile_that_fails_says_why() -> None:
     with pytest.raises(RuntimeError, match="no_such_backend"):
-        bench.cold_first_call(bench.FirstCallCase("compile", "no_such_backend"), threads=1)
+        cold.cold_first_call(cold.FirstCallCase("compile", "no_such_backend"), threads=1)

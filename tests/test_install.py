@@ -79,7 +79,7 @@ def test_the_installed_package_runs(installed, where, tmp_path):
     home = source if where == "source root" else python.parent.parent
     assert Path(package).is_relative_to(home) and Path(engine).is_relative_to(home)
     assert Path(engine).parent.name == "passes" and Path(engine).parent.parent.name == "fxviews"
-    assert entry_point == "fxviews.compile_backend:fxviews_backend"
+    assert entry_point == "fxviews.consumers.compile_backend:fxviews_backend"
     # torch warns on import without numpy: fxviews depends on it, not only its tests.
     assert "'numpy'" in requirements
 

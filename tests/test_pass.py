@@ -15,11 +15,11 @@ from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
+from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
 from fxviews.passes.geometry import Geometry
 from fxviews.passes.graph_edits import copy_graph
 from fxviews.passes.op_tables import METADATA_MUTATIONS
-from fxviews.rewriting import rewrite_in_place
 from tests.reference import as_strided_nodes
 
 aten = torch.ops.aten

@@ -41,9 +41,9 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec
 
+from fxviews.graph_rewriting import RewriteResult, rewrite_graph
 from fxviews.passes import FxViewsError
 from fxviews.passes.graph_edits import pytree_spec_copies
-from fxviews.rewriting import RewriteResult, rewrite
 
 __all__ = ["ExportRewriteResult", "rewrite_exported"]
 
@@ -85,7 +85,7 @@ def rewrite_exported(
         )
     decomposed = program.dialect == "TRAINING"
     source = _run_decompositions(program) if decomposed else program
-    result = rewrite(
+    result = rewrite_graph(
         source.graph_module, strict=strict, reshape_views=reshape_views, pin_layouts=pin_layouts
     )
     renames = _returned_renames(source.graph_module.graph, result.graph_module.graph)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fxviews.bench.compile_paths import COMPILED_BATCH
+
 __all__ = ["require_matplotlib", "write_charts"]
 
 #: The vmap row's series: JSON key and label.
@@ -51,8 +53,6 @@ def write_charts(tables: dict[str, list[dict[str, Any]]], directory: str) -> lis
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-
-    from fxviews.bench import COMPILED_BATCH  # on use: the bench imports this module
 
     os.makedirs(directory, exist_ok=True)
     written = []

@@ -10,7 +10,7 @@ range. It has no lowering for ``as_strided_scatter``. The export therefore goes:
 
 1. ``torch.export.export`` with the caller's ``dynamic_shapes``: dims stay symbolic, so nothing
    sized by the example (a static trace's ``slice`` end) can reach the model;
-2. :func:`fxviews.exporting.rewrite_exported`: decomposed, rewritten, validated;
+2. :func:`fxviews.consumers.export.rewrite_exported`: decomposed, rewritten, validated;
 3. ``torch.onnx.export`` of that program, with ``as_strided_scatter`` (which fxviews keeps where
    its region has no scatter form) translated the way ONNX translates ``as_strided``: a
    ScatterND into ``self`` flattened, at the target's addresses;
@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from fxviews.exporting import rewrite_exported
+from fxviews.consumers.export import rewrite_exported
 from fxviews.passes import FxViewsError, Geometry
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.as_strided_calls import bind_as_strided

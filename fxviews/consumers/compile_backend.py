@@ -1,7 +1,7 @@
 """The torch.compile backend: ``fxviews.backend(...)`` and ``backend="fxviews"``.
 
-The module is ``fxviews.compile_backend``, so that the package attribute ``fxviews.backend``
-(the function) does not hide it.
+The module is ``fxviews.consumers.compile_backend``; the package attribute ``fxviews.backend`` is
+its function :func:`backend`.
 
 Dynamo captures the function, AOTAutograd lowers it to aten forward/backward graphs, the engine
 (:class:`fxviews.passes.AsStridedToViews`) rewrites every provably safe ``as_strided`` of each
@@ -29,10 +29,10 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
-from fxviews.rewriting import rewrite_in_place
 from fxviews.torch_state import preserved_torch_state
 from fxviews.tracing import first_line, tracing_lock
 

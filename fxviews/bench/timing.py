@@ -1,7 +1,7 @@
 """Timing primitives of the bench: interleaved repeats, first calls, CPU time, engine share.
 
 Every function here measures calls it is given and knows nothing of the bench's rows
-(``fxviews.bench``): a row builds its calls, these time them side by side.
+(:mod:`fxviews.bench`): a row builds its calls, these time them side by side.
 
 Example::
 
@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-from fxviews import compile_backend, rewriting, transforming
+from fxviews import graph_rewriting, transforming
+from fxviews.bench.settings import Settings
+from fxviews.consumers import compile_backend
 
 
 def median_seconds(
@@ -154,7 +156,7 @@ def engine_timer() -> Iterator[list[float]]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.process_time()
         try:
-            return rewriting.rewrite_in_place(*args, **kwargs)
+            return graph_rewriting.rewrite_in_place(*args, **kwargs)
         finally:
             spent[0] += time.process_time() - start
 
@@ -164,7 +166,7 @@ def engine_timer() -> Iterator[list[float]]:
         yield spent
     finally:
         for module in _REWRITE_CALLERS:
-            setattr(module, "rewrite_in_place", rewriting.rewrite_in_place)  # noqa: B010
+            setattr(module, "rewrite_in_place", graph_rewriting.rewrite_in_place)  # noqa: B010
 
 
 def first_call(
@@ -217,3 +219,11 @@ def cpu_ratio_range(calls: Sequence[FirstCall], base: Sequence[FirstCall]) -> st
         return ""
     ratios = [c.cpu_s / b.cpu_s for c, b in zip(calls, base, strict=True)]
     return f"{min(ratios):.2g}-{max(ratios):.2g}x"
+
+
+def steady_cpu_seconds(
+    calls: Mapping[str, Callable[[], Any]], settings: Settings
+) -> dict[str, float]:
+    """Rows 1 and 7's steady-state times: minimum CPU seconds over three times the settings'
+    repeats, each half as long (:func:`min_cpu_seconds`)."""
+    return min_cpu_seconds(calls, settings.repeats * 3, settings.min_repeat_seconds / 2)

@@ -1,0 +1,38 @@
+"""``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
+
+Seven tables, each a set of timings taken in this run with ratios beside them (ratios measured
+in one process on one machine are what compare; absolute times move with the machine). The
+timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
+
+1. ``vmap``        vmap over the rewritten graph of ``push_jvp`` vs a per-sample Python
+                   loop of eager ``push_jvp``, eager ``vmap(push_jvp)`` and
+                   ``vmap(fxviews.transform(push_jvp))``.
+2. ``graph``       the rewritten graph vs the original graph, same contiguous inputs, no vmap.
+3. ``first_call``  first call of ``transform(fn)`` vs first call of ``torch.compile(fn)`` with
+                   ``aot_eager`` and with the default backend, on a fresh function.
+4. ``pass_cost``   the engine's cost vs graph size, per node and as a fraction of make_fx.
+5. ``overhead``    a cached ``transform`` call vs its graph's ``forward`` returning ``fn``'s
+                   output tree and returning a flat list, called directly and under ``vmap``.
+6. ``compile``     compile time of ``backend="fxviews"`` vs ``aot_eager``.
+7. ``compiled``    ``vmap(push_jvp)`` under ``torch.compile`` (Inductor, ``aot_eager``,
+                   ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
+                   steady-state call, first call, and after how many calls a compile pays.
+
+Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
+which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
+time. The first calls of rows 6 and 7 report CPU time beside wall time and, in the full run,
+time each compile in a fresh interpreter (Note [Cold compiles]). torch runs on one thread
+unless ``--threads`` says otherwise, so that timings do not depend on how busy the other cores
+are. A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
+path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
+
+The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
+``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7),
+``workloads`` (the functions measured), ``compile_paths`` and ``cold`` (compiled paths and
+their first calls in fresh interpreters), ``timing`` (the timers), ``report`` (cells and
+tables) and ``plots`` (``--plot``'s charts).
+"""
+
+from fxviews.bench.cli import BENCHES, ROWS, add_arguments, main, run, run_rows
+
+__all__ = ["BENCHES", "ROWS", "add_arguments", "main", "run", "run_rows"]

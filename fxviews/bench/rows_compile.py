@@ -1,0 +1,175 @@
+"""Rows 3, 6 and 7: first calls and compiles, fxviews against torch.compile's paths."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fxviews
+from fxviews.bench.cold import FirstCallCase, first_call_samples
+from fxviews.bench.compile_paths import (
+    COMPILE_FUNCTIONS,
+    COMPILED_BATCH,
+    COMPILED_PATHS,
+    TRANSFORM_PATH,
+    compiled_path_wrap,
+)
+from fxviews.bench.report import measured, ratio
+from fxviews.bench.settings import Settings, Table
+from fxviews.bench.timing import cpu_ratio_range, first_call_seconds, median_of, steady_cpu_seconds
+from fxviews.bench.workloads import make_push_jvp, seed_batch, transform_or_reason
+from fxviews.examples import seed_args
+
+
+def bench_first_call(settings: Settings) -> Table:
+    """Row 3: cost of the first call (trace/compile + one run) on a fresh function."""
+    args = seed_args()
+    transform, why = transform_or_reason()
+    paths: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]] | None] = {
+        "fxviews.transform": transform,
+        "torch.compile aot_eager": lambda fn: torch.compile(fn, backend="aot_eager"),
+        "torch.compile default (inductor)": (torch.compile if settings.default_backend else None),
+    }
+    skipped = {
+        "fxviews.transform": why,
+        "torch.compile default (inductor)": "n/a (skipped in --quick)",
+    }
+    results: dict[str, tuple[float | None, str]] = {}
+    for path, wrap in paths.items():
+        if wrap is None:
+            results[path] = (None, skipped[path])
+        else:
+            results[path] = measured(
+                functools.partial(
+                    first_call_seconds, make_push_jvp, wrap, args, settings.compile_repeats
+                )
+            )
+    t_transform = results["fxviews.transform"][0]
+    return [
+        {
+            "path": path,
+            "first_call_s": seconds,
+            "vs_transform": ratio(seconds, t_transform),
+            "note": note,
+        }
+        for path, (seconds, note) in results.items()
+    ]
+
+
+def bench_compile(settings: Settings) -> Table:
+    """Row 6: first-call time of backend="fxviews" vs aot_eager, forward only and trained.
+
+    CPU time is what the ratio compares (see Note [Cold compiles]); ``engine`` is the CPU time
+    inside fxviews' rewrite steps during the fxviews compile (part of its CPU time).
+    """
+    if getattr(fxviews, "backend", None) is None:
+        return [{"function": "all", "note": "n/a (fxviews.backend missing)"}]
+    table = []
+    for function in COMPILE_FUNCTIONS:
+        cases = {b: FirstCallCase("compile", b, function) for b in ("aot_eager", "fxviews")}
+        measured_calls = first_call_samples(cases, settings)
+        aot, fx = measured_calls["aot_eager"][0], measured_calls["fxviews"][0]
+        notes = [f"{b}: {note}" for b, (_, note) in measured_calls.items() if note]
+        fx_cpu = median_of(fx, "cpu_s")
+        table.append(
+            {
+                "function": function,
+                "aot_eager_s": median_of(aot, "wall_s"),
+                "fxviews_s": median_of(fx, "wall_s"),
+                "aot_eager_cpu_s": median_of(aot, "cpu_s"),
+                "fxviews_cpu_s": fx_cpu,
+                "fxviews/aot_eager": ratio(fx_cpu, median_of(aot, "cpu_s")),
+                "cpu_range": cpu_ratio_range(fx, aot),
+                "engine_s": median_of(fx, "engine_s"),
+                "note": "; ".join(notes),
+            }
+        )
+    return table
+
+
+def bench_compiled(settings: Settings) -> Table:
+    """Row 7: ``vmap(push_jvp)`` compiled, against ``vmap(fxviews.transform(push_jvp))``.
+
+    Steady state: every path compiled once, then timed side by side (minimum CPU time, which
+    the first calls' CPU time and the break-even are compared with). First call: a fresh
+    function, Dynamo reset, compile caches off, in a fresh interpreter in the full run (see
+    Note [Cold compiles]); its CPU time is what the ratios and the break-even compare.
+    Break-even: the number of calls ``n`` after which ``first + (n - 1) * steady`` of the
+    compiled path drops below the transform's.
+    """
+    from fxviews.passes.torch_internals import reset_dynamo
+
+    transform, why = transform_or_reason()
+    _, batched = seed_batch(COMPILED_BATCH)
+    names = [TRANSFORM_PATH] if transform is not None else []
+    names += [
+        n for n, (_, inductor) in COMPILED_PATHS.items() if settings.default_backend or not inductor
+    ]
+    first = first_call_samples({n: FirstCallCase("compiled", n) for n in names}, settings)
+    try:
+        ready: dict[str, Callable[[], Any]] = {}
+        for name in names:
+            if first[name][0]:
+                ready[name] = functools.partial(compiled_path_wrap(name)(make_push_jvp()), *batched)
+                ready[name]()  # compiles (caches on): the steady state follows
+        steady: dict[str, float | None] = dict(steady_cpu_seconds(ready, settings))
+    finally:
+        reset_dynamo()
+    cpu = {name: median_of(calls, "cpu_s") for name, (calls, _) in first.items()}
+    inductor = (cpu.get("inductor"), steady.get("inductor"))
+    table = []
+    for name in [*names, *(p for p in COMPILED_PATHS if p not in names)]:
+        calls, note = first.get(name, ([], "n/a (--quick)"))
+        note = note or (why if name == TRANSFORM_PATH else "")
+        base = name == TRANSFORM_PATH
+        table.append(
+            {
+                "path": name,
+                "steady_s": steady.get(name),
+                "first_call_s": median_of(calls, "wall_s"),
+                "first_cpu_s": cpu.get(name),
+                "engine_s": median_of(calls, "engine_s") or None,
+                "break_even": "(base)"
+                if base
+                else break_even(
+                    cpu.get(name),
+                    steady.get(name),
+                    cpu.get(TRANSFORM_PATH),
+                    steady.get(TRANSFORM_PATH),
+                ),
+                "steady/inductor": ratio(steady.get(name), inductor[1]),
+                "first/inductor": ratio(cpu.get(name), inductor[0]),
+                # How the ratio to Inductor moved from round to round.
+                "range": ""
+                if name == "inductor"
+                else cpu_ratio_range(calls, first.get("inductor", ([], ""))[0]),
+                "note": note,
+            }
+        )
+    return table
+
+
+def break_even(
+    first: float | None, steady: float | None, base_first: float | None, base_steady: float | None
+) -> str:
+    """After how many calls a path with a dearer first call costs less in total than the base.
+
+    Example::
+
+        >>> break_even(first=10.0, steady=1e-5, base_first=0.1, base_steady=1e-4)
+        '110,002'
+    """
+    if None in (first, steady, base_first, base_steady):
+        return ""
+    assert first is not None and steady is not None  # for the type checker
+    assert base_first is not None and base_steady is not None
+    if first <= base_first:
+        return "1"
+    if steady >= base_steady:
+        return "never"
+    # Total for n calls: first + (n - 1) * steady; the base likewise.
+    calls = 1 + (first - base_first) / (base_steady - steady)
+    return f"{int(calls) + 1:,}"

@@ -1,0 +1,39 @@
+"""What the bench measures with: its settings (``--quick`` or the full run) and its tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: A JSON-ready table: one dict per printed line, the same keys in every dict.
+Table = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard to measure: ``--quick`` trades precision for a run of under a minute."""
+
+    repeats: int  # repeats of a timed call (rows 1 and 7 take three times as many, half as long)
+    min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
+    batch_sizes: tuple[int, ...]
+    graph_nodes: tuple[int, ...]  # approximate node counts of the row-4 graphs
+    compile_repeats: int  # first calls, compiles and row 4's traces take seconds: fewer repeats
+    default_backend: bool  # Inductor compiles for many seconds; --quick leaves it out
+    dense_views: int = 1_000  # views of one base in row 4's as_strided-dense graph (0: none)
+    # Rows 6 and 7 time each compile in a fresh interpreter, this many per path, the paths
+    # alternating (0: in this process instead, compile_repeats after a warm-up).
+    cold_compiles: int = 0
+    big_graph_repeats: int = 1  # passes timed on row 4's 100k-node graph (seconds each)
+
+
+QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
+FULL = Settings(
+    7,
+    0.1,
+    (8, 64, 256, 1024),
+    (1_000, 10_000, 100_000),
+    3,
+    True,
+    cold_compiles=5,
+    big_graph_repeats=3,
+)
