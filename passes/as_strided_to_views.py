@@ -30,6 +30,11 @@ metadata; only those are caught, and the candidate is dropped. Any other excepti
 surfaces. No safety decision rests on a caught exception: dropping a candidate only ever keeps
 a node.
 
+Opset: with ``opset=Opset.CORE_ATEN`` (edge compilers), a verified chain is written in core
+ATen ops before it is emitted and verified again (Note [Chains for an opset]); windows then
+become copies, emitted only in graphs that write no tensor in place. A candidate that cannot be
+written so is skipped, and a node none of whose candidates can is kept, with that reason.
+
 Variants: ``as_strided_copy`` becomes the chain plus a contiguous ``clone``;
 ``as_strided_scatter`` becomes nested ``select_scatter``/``slice_scatter``/``diagonal_scatter``
 (see ``scatter.py``); ``as_strided_`` restrides its input in place, so it becomes the chain
@@ -52,14 +57,17 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
+from .aliasing import written_arguments
 from .as_strided_calls import as_strided_op, bind_as_strided
 from .chain import ViewChain, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter
-from .chain_verification import verify_chain
+from .chain_verification import verify_chain, verify_chain_reads
+from .copied_windows import WindowsByCopies
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call
+from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
 from .op_tables import METADATA_MUTATIONS
+from .opsets import Opset, as_opset, chain_in_opset
 from .provenance import ViewIndex, node_geometry
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .scatter import (
@@ -104,6 +112,8 @@ class _GraphContext:
     # Per input node, its users that change its layout in place: found once per input, since
     # one base can feed thousands of as_strided nodes (a scan per node would be quadratic).
     layout_mutators: dict[torch.fx.Node, list[torch.fx.Node]]
+    opset: Opset
+    functional: bool  # no node writes a tensor in place: a copy cannot be told from a view
 
     def layout_mutation(self, node: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node | None:
         """A user of ``source`` other than ``node`` that changes its layout in place, or None.
@@ -159,6 +169,17 @@ class _Call:
         sym = self.symbolic
         return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
+    def in_opset(self, chain: ViewChain, context: _GraphContext) -> ViewChain | None:
+        """A verified ``chain`` written in the graph's opset and verified again, or None."""
+        written = chain_in_opset(chain, self.source_geometry, context.opset, self.symbolic is None)
+        if written is None or written == chain:
+            return written
+        if not any(isinstance(step, WindowsByCopies) for step in written):
+            return written if self.verifies(written) else None
+        if not (context.functional and self.op in _COPYABLE) or _feeds_as_strided(self.node):
+            return None
+        return written if verify_chain_reads(written, self.source_geometry, self.target) else None
+
 
 class AsStridedToViews(RecordingPass):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
@@ -178,12 +199,14 @@ class AsStridedToViews(RecordingPass):
         strict: bool = False,
         example_inputs: Sequence[Any] | None = None,
         recompile: bool = True,
+        opset: Opset | str = Opset.ATEN,
     ) -> None:
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
         super().__init__(recompile)
         self.strict = strict
         self.example_inputs = example_inputs
+        self.opset = as_opset(opset)
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         _check_example_inputs(graph_module, self.example_inputs)
@@ -221,6 +244,9 @@ class AsStridedToViews(RecordingPass):
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
             layout_mutators={},
+            opset=self.opset,
+            functional=self.opset is Opset.ATEN
+            or not any(written_arguments(n) for n in graph.nodes),
         )
         records = []
         for node in nodes:
@@ -270,10 +296,15 @@ class AsStridedToViews(RecordingPass):
                 f"the input's layout changes in place at {mutation.name!r}, so "
                 "its trace-time layout is ambiguous",
             )
-        for method, chain in _candidates(call, context.index):
-            if not call.verifies(chain):
+        unwritten: ViewChain | None = None  # a verified chain the opset has no form of
+        for method, view_chain in _candidates(call, context.index):
+            if not call.verifies(view_chain):
                 continue
-            emitted = _emit(graph, call, chain)
+            chain = call.in_opset(view_chain, context)
+            if chain is None:
+                unwritten = unwritten or view_chain
+                continue
+            emitted = _emit(graph, call, chain, context.opset)
             if emitted is None:
                 continue
             after, out = emitted
@@ -282,6 +313,8 @@ class AsStridedToViews(RecordingPass):
                 graph.erase_node(node)
             reason = _REASONS[method]
             return _record(call, after, method, reason)
+        if unwritten is not None:
+            return _kept(call, _why_unwritten(call, unwritten, context))
         return _kept(call, _why_kept(call))
 
 
@@ -467,6 +500,8 @@ def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None,
 
 #: Variants rewritten only for static shapes.
 _STATIC_ONLY = (aten.as_strided_.default,)
+#: Variants whose result may be a copy with the as_strided's values, in a functional graph.
+_COPYABLE = (aten.as_strided.default, aten.as_strided_copy.default)
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
@@ -511,7 +546,9 @@ def _symbolic_candidates(
         yield "synthesized", chain
 
 
-def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, torch.fx.Node] | None:
+def _emit(
+    graph: torch.fx.Graph, call: _Call, chain: ViewChain, opset: Opset
+) -> tuple[str, torch.fx.Node] | None:
     """Insert the replacement for ``call`` before it; None if this variant cannot use ``chain``.
 
     All checks come first; if computing the new nodes' metadata still fails, the nodes made so
@@ -540,13 +577,20 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         _erase_dead(graph, emitter.created)
         return None
     # Later nodes read the replacement's metadata as the layout they were traced against: it
-    # must be the node's own, whatever the fake kernels computed.
-    if not _same_metadata(call, out):
+    # must be the node's own, whatever the fake kernels computed. A copy has its own layout
+    # and the node's sizes; no as_strided reads it (see _Call.in_opset).
+    copied = any(isinstance(step, WindowsByCopies) for step in chain)
+    if not (_same_sizes(call, out) if copied else _same_metadata(call, out)):
         log.debug(
             "%s: dropped candidate %s: its metadata differs from the node's",
             call.node.name,
             described,
         )
+        _erase_dead(graph, emitter.created)
+        return None
+    outside = [n.target for n in emitter.created if not opset.has(cast(Any, n.target))]
+    if outside:  # a variant's own op (a scatter of a diagonal) the opset lacks
+        log.debug("%s: dropped candidate %s: %s", call.node.name, described, outside[0])
         _erase_dead(graph, emitter.created)
         return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
@@ -568,6 +612,35 @@ def _output_is_contiguous(call: _Call) -> bool:
             return False
         expected = expected * size
     return True
+
+
+def _same_sizes(call: _Call, out: torch.fx.Node) -> bool:
+    made, recorded = out.meta.get("val"), call.node.meta.get("val")
+    return (
+        isinstance(made, torch.Tensor)
+        and isinstance(recorded, torch.Tensor)
+        and made.shape == recorded.shape
+        and made.dtype == recorded.dtype
+    )
+
+
+def _feeds_as_strided(node: torch.fx.Node) -> bool:
+    """Whether an as_strided-family node reads ``node``'s result, directly or through others.
+
+    Such a node reads the storage with the strides of ``node``'s traced layout, which a copy
+    in place of ``node`` does not have.
+    """
+    seen: set[torch.fx.Node] = set()
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if _is_as_strided(user):
+            return True
+        todo.extend(user.users)
+    return False
 
 
 def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
@@ -689,6 +762,25 @@ def _views_unflatten_flat_buffers(
         except Unproven:
             return False
     return True
+
+
+def _why_unwritten(call: _Call, chain: ViewChain, context: _GraphContext) -> str:
+    """Why a node with a verified view chain is kept: its opset has no verified form of it."""
+    described = describe_chain(chain, call.source.name)
+    if any(step.op is aten.unfold.default for step in chain):
+        if call.symbolic is not None:
+            why = "its windows are copied for static sizes only"
+        elif not context.functional:
+            why = "its windows would be copies, and the graph writes tensors in place"
+        elif _feeds_as_strided(call.node):
+            why = "its windows would be copies, which a later as_strided reads"
+        elif call.op not in _COPYABLE:
+            why = f"{op_name(call.op)} cannot read copied windows"
+        else:
+            why = "its copied windows could not be verified (storage over the limit)"
+    else:
+        why = "a step has no form in it for every size"
+    return f"{described} gives it, but not in the {context.opset.value} opset: {why}"
 
 
 def _why_kept(call: _Call) -> str:
