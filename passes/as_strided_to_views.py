@@ -30,10 +30,8 @@ metadata; only those are caught, and the candidate is dropped. Any other excepti
 surfaces. No safety decision rests on a caught exception: dropping a candidate only ever keeps
 a node.
 
-Opset: with ``opset=Opset.CORE_ATEN`` (edge compilers), a verified chain is written in core
-ATen ops before it is emitted and verified again (Note [Chains for an opset]); windows then
-become copies, emitted only in graphs that write no tensor in place. A candidate that cannot be
-written so is skipped, and a node none of whose candidates can is kept, with that reason.
+Opset: a verified chain is written in the pass's opset and verified again before it is emitted
+(Note [Chains for an opset]); a node no candidate of which can be is kept, with the reason.
 
 Variants: ``as_strided_copy`` becomes the chain plus a contiguous ``clone``;
 ``as_strided_scatter`` becomes nested ``select_scatter``/``slice_scatter``/``diagonal_scatter``
@@ -58,16 +56,16 @@ import torch.fx
 
 from . import torch_internals as internals
 from .aliasing import written_arguments
-from .as_strided_calls import as_strided_op, bind_as_strided
+from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
 from .chain import ViewChain, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter
-from .chain_verification import verify_chain, verify_chain_reads
+from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
 from .op_tables import METADATA_MUTATIONS
-from .opsets import Opset, as_opset, chain_in_opset
+from .opsets import Opset, as_opset, chain_for_opset
 from .provenance import ViewIndex, node_geometry
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .scatter import (
@@ -169,16 +167,28 @@ class _Call:
         sym = self.symbolic
         return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
-    def in_opset(self, chain: ViewChain, context: _GraphContext) -> ViewChain | None:
-        """A verified ``chain`` written in the graph's opset and verified again, or None."""
-        written = chain_in_opset(chain, self.source_geometry, context.opset, self.symbolic is None)
-        if written is None or written == chain:
-            return written
-        if not any(isinstance(step, WindowsByCopies) for step in written):
-            return written if self.verifies(written) else None
-        if not (context.functional and self.op in _COPYABLE) or _feeds_as_strided(self.node):
-            return None
-        return written if verify_chain_reads(written, self.source_geometry, self.target) else None
+    def in_opset(self, chain: ViewChain, context: _GraphContext) -> tuple[ViewChain | None, str]:
+        """A verified ``chain`` written in the graph's opset and verified again, or None and
+        why not (see Note [Chains for an opset])."""
+        return chain_for_opset(
+            chain,
+            self.source_geometry,
+            self.target,
+            context.opset,
+            static=self.symbolic is None,
+            verifies=self.verifies,
+            copy_refusal=lambda: self.copy_refusal(context),
+        )
+
+    def copy_refusal(self, context: _GraphContext) -> str | None:
+        """Why a copy may not stand in for this node's view, or None if it may."""
+        if not context.functional:
+            return "the graph writes tensors in place"
+        if self.op not in _COPYABLE:
+            return f"{op_name(self.op)} must stay a view"
+        if feeds_as_strided(self.node):
+            return "a later as_strided reads its memory"
+        return None
 
 
 class AsStridedToViews(RecordingPass):
@@ -296,13 +306,16 @@ class AsStridedToViews(RecordingPass):
                 f"the input's layout changes in place at {mutation.name!r}, so "
                 "its trace-time layout is ambiguous",
             )
-        unwritten: ViewChain | None = None  # a verified chain the opset has no form of
+        unwritten = ""  # why the first verified chain has no form in the opset
         for method, view_chain in _candidates(call, context.index):
             if not call.verifies(view_chain):
                 continue
-            chain = call.in_opset(view_chain, context)
+            chain, why = call.in_opset(view_chain, context)
             if chain is None:
-                unwritten = unwritten or view_chain
+                described = describe_chain(view_chain, call.source.name)
+                unwritten = unwritten or (
+                    f"{described} gives it, but not in the {context.opset.value} opset: {why}"
+                )
                 continue
             emitted = _emit(graph, call, chain, context.opset)
             if emitted is None:
@@ -313,8 +326,8 @@ class AsStridedToViews(RecordingPass):
                 graph.erase_node(node)
             reason = _REASONS[method]
             return _record(call, after, method, reason)
-        if unwritten is not None:
-            return _kept(call, _why_unwritten(call, unwritten, context))
+        if unwritten:
+            return _kept(call, unwritten)
         return _kept(call, _why_kept(call))
 
 
@@ -615,32 +628,8 @@ def _output_is_contiguous(call: _Call) -> bool:
 
 
 def _same_sizes(call: _Call, out: torch.fx.Node) -> bool:
-    made, recorded = out.meta.get("val"), call.node.meta.get("val")
-    return (
-        isinstance(made, torch.Tensor)
-        and isinstance(recorded, torch.Tensor)
-        and made.shape == recorded.shape
-        and made.dtype == recorded.dtype
-    )
-
-
-def _feeds_as_strided(node: torch.fx.Node) -> bool:
-    """Whether an as_strided-family node reads ``node``'s result, directly or through others.
-
-    Such a node reads the storage with the strides of ``node``'s traced layout, which a copy
-    in place of ``node`` does not have.
-    """
-    seen: set[torch.fx.Node] = set()
-    todo = list(node.users)
-    while todo:
-        user = todo.pop()
-        if user in seen:
-            continue
-        seen.add(user)
-        if _is_as_strided(user):
-            return True
-        todo.extend(user.users)
-    return False
+    made, node = out.meta.get("val"), call.node.meta["val"]
+    return isinstance(made, torch.Tensor) and (made.shape, made.dtype) == (node.shape, node.dtype)
 
 
 def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
@@ -762,25 +751,6 @@ def _views_unflatten_flat_buffers(
         except Unproven:
             return False
     return True
-
-
-def _why_unwritten(call: _Call, chain: ViewChain, context: _GraphContext) -> str:
-    """Why a node with a verified view chain is kept: its opset has no verified form of it."""
-    described = describe_chain(chain, call.source.name)
-    if any(step.op is aten.unfold.default for step in chain):
-        if call.symbolic is not None:
-            why = "its windows are copied for static sizes only"
-        elif not context.functional:
-            why = "its windows would be copies, and the graph writes tensors in place"
-        elif _feeds_as_strided(call.node):
-            why = "its windows would be copies, which a later as_strided reads"
-        elif call.op not in _COPYABLE:
-            why = f"{op_name(call.op)} cannot read copied windows"
-        else:
-            why = "its copied windows could not be verified (storage over the limit)"
-    else:
-        why = "a step has no form in it for every size"
-    return f"{described} gives it, but not in the {context.opset.value} opset: {why}"
 
 
 def _why_kept(call: _Call) -> str:

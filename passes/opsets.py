@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from .chain import ViewChain, ViewStep, eager
+from .chain_verification import verify_chain_reads
 from .copied_windows import WindowsByCopies
 from .geometry import Geometry
 from .torch_internals import OpOverload
@@ -90,6 +91,43 @@ _PERMUTATIONS = frozenset(
         aten.movedim.intlist,
     }
 )
+
+
+def chain_for_opset(
+    chain: ViewChain,
+    source: Geometry,
+    target: Geometry,
+    opset: Opset,
+    static: bool,
+    verifies: Callable[[ViewChain], bool],
+    copy_refusal: Callable[[], str | None],
+) -> tuple[ViewChain | None, str]:
+    """A verified view ``chain`` from ``source`` to ``target`` written in ``opset`` and
+    verified again; or None and why not.
+
+    ``verifies`` verifies a chain of views (for every size if the call is symbolic);
+    ``copy_refusal`` says why copies may not stand in for the node's view (None: they may).
+
+    Example::
+
+        >>> chain_for_opset(chain, source, target, Opset.CORE_ATEN, True, verifies, lambda: None)
+        ((WindowsByCopies(...),), '')
+    """
+    written = chain_in_opset(chain, source, opset, static)
+    if written is None:
+        if not static and any(step.op is aten.unfold.default for step in chain):
+            return None, "its windows are copied for static sizes only"
+        return None, "a step has no form in it for every size"
+    if written == chain:
+        return written, ""
+    if not any(isinstance(step, WindowsByCopies) for step in written):
+        return (written, "") if verifies(written) else (None, "its form there does not verify")
+    refusal = copy_refusal()
+    if refusal is not None:
+        return None, f"its windows would be copies, and {refusal}"
+    if not verify_chain_reads(written, source, target):
+        return None, "its copied windows could not be verified (a storage over the limit)"
+    return written, ""
 
 
 def chain_in_opset(
