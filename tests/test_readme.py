@@ -8,7 +8,7 @@ may save files), and fails if it raises; snippets state their results as asserti
 A block right after a line starting with ``<!-- not run`` is deliberately not runnable (an
 excerpt of a traced graph, say) and is left out: keep those rare. Output samples use other
 fences (```` ```sh ````, a bare ```` ``` ````) and are not Python. Blocks that import a module of
-the ``onnx`` extra are skipped without it, as tests/test_onnx.py is.
+the ``onnx`` or ``executorch`` extra are skipped without it, as their test files are.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 #: A line starting with this, right before a ```python fence, marks the block as not run.
 NOT_RUN = "<!-- not run"
 ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
+#: Modules of the optional extras: a block importing one is skipped without it.
+OPTIONAL = ONNX_EXTRA | {"executorch"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,10 @@ SNIPPETS = python_blocks(README.read_text(encoding="utf-8"))
     ids=lambda s: f"README.md:{s.line}",
 )
 def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
-    if imported_modules(snippet.source) & ONNX_EXTRA:
-        for name in sorted(ONNX_EXTRA):
-            pytest.importorskip(name)
+    optional = imported_modules(snippet.source) & OPTIONAL
+    needed = optional | (ONNX_EXTRA if optional & ONNX_EXTRA else set())
+    for name in sorted(needed):
+        pytest.importorskip(name)
     assert run_snippet(snippet, tmp_path) == ""
 
 
