@@ -14,6 +14,7 @@ the ``onnx`` or ``executorch`` extra are skipped without it, as their test files
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -90,8 +91,15 @@ def run_snippet(snippet: Snippet, cwd: Path) -> str:
     # Padded with empty lines so a traceback names the README line that raised.
     code = "\n" * (snippet.line - 1) + snippet.source
     program = f"exec(compile({code!r}, {str(README)!r}, 'exec'), {{'__name__': '__main__'}})"
+    # This checkout's fxviews first, whichever one the interpreter has installed.
+    path = os.pathsep.join(p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, "-c", program], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", program],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": path},
     )
     return done.stderr if done.returncode else ""
 
