@@ -29,6 +29,12 @@ xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_par
 import fxviews  # noqa: E402
 from fxviews.examples import push_jvp  # noqa: E402
 
+# Raised inside ExecuTorch 1.5.1 (deep copies of pytree specs, its flatbuffer serializer).
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated"),
+]
+
 
 class InputWindows(torch.nn.Module):
     """Overlapping windows of 3 over the input itself, then a Linear."""
