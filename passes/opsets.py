@@ -202,11 +202,11 @@ def _unit_step_slice(step: ViewStep, value: torch.Tensor, out: torch.Tensor) -> 
     dim %= value.ndim
     hop = bounds[2] if len(bounds) > 2 else 1
     count = out.shape[dim]
-    if hop == 1 or count == 0:
+    if hop == 1 or count == 0 or value.stride(dim) == 0:
         return [step]
     # The result's offset, in units of the dim's stride, is where it starts.
     start = (out.storage_offset() - value.storage_offset()) // value.stride(dim)
-    if value.stride(dim) == 0 or start + count * hop > value.shape[dim]:
+    if start + count * hop > value.shape[dim]:
         return [step]
     rows = [*value.shape[:dim], count, hop, *value.shape[dim + 1 :]]
     return [
