@@ -23,7 +23,10 @@ written step by step in the target's ops:
 
 A rewritten chain is verified again: as views (``verify_chain``) if it holds only views, else
 by what it reads (``verify_chain_reads``). Copies are emitted only in graphs that write no
-tensor in place (export's functional programs), where nothing can tell a copy from a view.
+tensor in place (export's functional programs), where no node can tell a copy from a view, and
+only where no later as_strided reads the memory (it would read the copy with the view's
+strides). A caller who writes to an input after the call would see an output copied from it
+stay as it was: edge programs, which copy every view, promise no such aliasing either.
 
 Example::
 
