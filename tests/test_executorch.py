@@ -299,12 +299,19 @@ def test_window_chains_are_delegated(name):
     assert any("slice_copy" in op for op in delegated), delegated
 
 
-def test_dict_of_methods_is_rewritten_per_method():
+def test_dict_of_methods_is_rewritten_per_method_and_left_unmodified():
     programs = {"forward": _exported("sliced_window"), "windows": _exported("input_windows")}
+    code_before = {name: ep.graph_module.code for name, ep in programs.items()}
     rewritten = fxviews.executorch.rewrite_for_edge(programs)
     assert set(rewritten) == set(programs)
     for ep in rewritten.values():
         assert not any("as_strided" in str(n.target) for n in ep.graph.nodes)
+    assert {name: ep.graph_module.code for name, ep in programs.items()} == code_before
+
+
+def test_a_method_that_is_no_exported_program_is_named():
+    with pytest.raises(TypeError, match="method 'encode' is a Linear"):
+        fxviews.executorch.rewrite_for_edge({"encode": torch.nn.Linear(2, 2)})
 
 
 def test_kept_as_strided_that_would_read_wrong_raises():
