@@ -1,5 +1,5 @@
 # `make test` and `make demo` set themselves up: a virtualenv in $(VENV), the pinned torch first
-# (a bare `torch` can pull a multi-GB CUDA build), then this project with its test and lint extras.
+# (a bare `torch` can pull a multi-GB CUDA build), then this project with the extras its tests use.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
@@ -22,7 +22,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx,bench,lint]'
+	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch]'
 	touch $(STAMP)
 
 # `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in

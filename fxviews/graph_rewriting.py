@@ -17,6 +17,7 @@ import torch
 from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
+    Opset,
     OverwrittenClones,
     Record,
     RecordedPassResult,
@@ -26,6 +27,7 @@ from fxviews.passes import (
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
 from fxviews.passes.graph_edits import collector_paused, copy_graph
+from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
 from fxviews.printouts import format_result, format_summary
 
@@ -71,12 +73,52 @@ class RewriteResult:
         return format_result(self)
 
 
+@dataclass(frozen=True)
+class RewriteSteps:
+    """What a rewrite emits: the opset of its chains, and whether the layout steps run.
+
+    ``tidy_untouched=False`` leaves a graph the steps did not change exactly as it was (no dead
+    code or redundant alias removed): an exported program without as_strided then reaches its
+    compiler unchanged.
+
+    Example::
+
+        >>> RewriteSteps.of("core_aten", None, None)
+        RewriteSteps(opset=<Opset.CORE_ATEN: 'core_aten'>, reshape_views=False, ...)
+    """
+
+    opset: Opset = Opset.ATEN
+    reshape_views: bool = True
+    pin_layouts: bool = True
+    tidy_untouched: bool = True
+
+    @classmethod
+    def of(
+        cls, opset: Opset | str, reshape_views: bool | None, pin_layouts: bool | None
+    ) -> RewriteSteps:
+        """The steps :func:`fxviews.rewrite`'s arguments ask for (None: the opset's default);
+        a ValueError for a layout step asked of a core-ATen rewrite (they emit ``reshape`` and
+        ``new_*``, which core ATen lacks, and serve vmap, which edge programs never see)."""
+        opset = as_opset(opset)
+        layout_steps = opset is Opset.ATEN
+        for name, asked in (("reshape_views", reshape_views), ("pin_layouts", pin_layouts)):
+            if asked and not layout_steps:
+                raise ValueError(
+                    f"{name}=True emits ops outside the {opset.value} opset; it serves vmap of "
+                    "batched layouts, which an edge program never sees: leave it out"
+                )
+        return cls(
+            opset,
+            layout_steps if reshape_views is None else reshape_views,
+            layout_steps if pin_layouts is None else pin_layouts,
+        )
+
+
 def rewrite_graph(
     gm: torch.fx.GraphModule,
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
-    reshape_views: bool = True,
-    pin_layouts: bool = True,
+    steps: RewriteSteps = RewriteSteps(),  # noqa: B008 - frozen: one shared default is safe
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
@@ -100,7 +142,7 @@ def rewrite_graph(
     with collector_paused():
         work = LazyGraphModule(gm, copy_graph(gm.graph))
         work.meta = dict(gm.meta)
-        result = _rewrite_steps(work, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+        result = _rewrite_steps(work, gm.code, strict, example_inputs, steps)
         own = torch.fx.GraphModule(work, work.graph, class_name=type(gm).__name__)
     own.meta = work.meta
     result.graph_module = own
@@ -125,8 +167,9 @@ def rewrite_in_place(
         >>> rewrite_in_place(gm).graph_module is gm
         True
     """
+    steps = RewriteSteps(reshape_views=reshape_views, pin_layouts=pin_layouts)
     with collector_paused():  # as in rewrite_graph
-        return _rewrite_steps(gm, gm.code, strict, example_inputs, reshape_views, pin_layouts)
+        return _rewrite_steps(gm, gm.code, strict, example_inputs, steps)
 
 
 def _rewrite_steps(
@@ -134,26 +177,29 @@ def _rewrite_steps(
     code_before: str,
     strict: bool,
     example_inputs: Sequence[Any] | None,
-    reshape_views: bool,
-    pin_layouts: bool,
+    steps: RewriteSteps,
 ) -> RewriteResult:
     """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
     start = time.perf_counter()
     # Each step edits the graph; the module is recompiled once, after the last one.
-    engine = AsStridedToViews(strict=strict, example_inputs=example_inputs, recompile=False)(gm)
+    engine = AsStridedToViews(
+        strict=strict, example_inputs=example_inputs, recompile=False, opset=steps.opset
+    )(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records
-    reshaped = ViewToReshape(recompile=False)(gm) if reshape_views else skipped
-    pinned = LayoutPinning(recompile=False)(gm) if pin_layouts else skipped
+    reshaped = ViewToReshape(recompile=False)(gm) if steps.reshape_views else skipped
+    pinned = LayoutPinning(recompile=False)(gm) if steps.pin_layouts else skipped
     modified = engine.modified or reshaped.modified or pinned.modified
-    modified = remove_dead_pure_nodes(gm, recompile=False) or modified
-    modified = drop_redundant_aliases(gm, recompile=False) or modified
-    # After pinning (a clone it pins, contiguous_format, has one layout from any source) and
-    # after the dead metadata checks are gone (one reading strides would keep every clone).
-    reclones = OverwrittenClones(recompile=False)(gm)
-    if reclones.modified:  # the overwritten clone's old input may have no reader left
-        remove_dead_pure_nodes(gm, recompile=False)
-        modified = True
+    reclones = skipped
+    if modified or steps.tidy_untouched:
+        modified = remove_dead_pure_nodes(gm, recompile=False) or modified
+        modified = drop_redundant_aliases(gm, recompile=False) or modified
+        # After pinning (a clone it pins, contiguous_format, has one layout from any source) and
+        # after the dead metadata checks are gone (one reading strides would keep every clone).
+        reclones = OverwrittenClones(recompile=False)(gm)
+        if reclones.modified:  # the overwritten clone's old input may have no reader left
+            remove_dead_pure_nodes(gm, recompile=False)
+            modified = True
     if modified:
         gm.recompile()
     return RewriteResult(

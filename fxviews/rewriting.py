@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from fxviews.consumers.export import rewrite_exported
-from fxviews.graph_rewriting import RewriteResult, rewrite_graph
+from fxviews.graph_rewriting import RewriteResult, RewriteSteps, rewrite_graph
+from fxviews.passes import Opset
 
 __all__ = ["rewrite"]
 
@@ -22,8 +23,9 @@ def rewrite(
     gm: torch.fx.GraphModule | torch.export.ExportedProgram,
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
-    reshape_views: bool = True,
-    pin_layouts: bool = True,
+    reshape_views: bool | None = None,
+    pin_layouts: bool | None = None,
+    opset: Opset | str = Opset.ATEN,
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
@@ -33,6 +35,12 @@ def rewrite(
     (:class:`fxviews.passes.ViewToReshape`), so merged dims do not fail on batched layouts.
     With ``pin_layouts`` (the default), a third gives every node that still depends on its
     input's traced layout that layout at run time (:class:`fxviews.passes.LayoutPinning`).
+    ``opset`` is what the graph's consumer accepts: ``"aten"`` (the default: eager, vmap,
+    Inductor, ONNX) or ``"core_aten"`` (edge compilers such as ExecuTorch's ``to_edge``): every
+    op emitted is then core ATen, preferring the views edge backends lower, overlapping windows
+    are copies (only in graphs that write no tensor in place), and the reshape and pinning
+    steps, which serve vmap and emit ops outside core ATen, are off (``None``, the default of
+    both, means on for ``"aten"`` and off for ``"core_aten"``).
     Then a clone that a ``copy_`` overwrites before anything reads it becomes a clone of the
     ``copy_``'s source, and the ``copy_`` goes (:class:`fxviews.passes.OverwrittenClones`).
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
@@ -46,11 +54,12 @@ def rewrite(
         >>> [r.method for r in res.records]
         ['provenance']
     """
+    steps = RewriteSteps.of(opset, reshape_views, pin_layouts)
     if isinstance(gm, torch.export.ExportedProgram):
-        return rewrite_exported(gm, strict, reshape_views, example_inputs, pin_layouts)
+        return rewrite_exported(gm, strict, example_inputs, steps)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(
             "fxviews.rewrite expects a torch.fx.GraphModule or torch.export.ExportedProgram, "
             f"got {type(gm).__name__}"
         )
-    return rewrite_graph(gm, strict, example_inputs, reshape_views, pin_layouts)
+    return rewrite_graph(gm, strict, example_inputs, steps)

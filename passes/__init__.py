@@ -2,6 +2,7 @@
 
 This directory sits at the top of the repository; ``fxviews/passes`` is a symbolic link to it,
 so it is the package ``fxviews.passes`` installed, in a source tree and for type checkers.
+:class:`Opset` names what the rewritten graph's consumer accepts (all ATen, or core ATen).
 Each pass (:class:`AsStridedToViews`, :class:`ViewToReshape`, :class:`LayoutPinning`,
 :class:`OverwrittenClones`) is a torch.fx pass returning a :class:`RecordedPassResult`: the
 graph, whether it changed, and one :class:`Record` per node it handled.
@@ -11,6 +12,7 @@ from .as_strided_to_views import AsStridedToViews
 from .errors import FxViewsError, UnsafeAsStridedError
 from .geometry import Geometry
 from .hygiene import drop_redundant_aliases, remove_dead_pure_nodes
+from .opsets import Opset
 from .overwritten_clones import OverwrittenClones
 from .pinning import LAYOUT_KERNELS, LayoutPinning
 from .records import METHODS, Record, RecordedPassResult, RecordingPass, RecordKind
@@ -23,6 +25,7 @@ __all__ = [
     "LAYOUT_KERNELS",
     "LayoutPinning",
     "METHODS",
+    "Opset",
     "OverwrittenClones",
     "Record",
     "RecordKind",

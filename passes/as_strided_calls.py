@@ -41,3 +41,27 @@ def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     if "input" in bound:
         bound["self"] = bound.pop("input")
     return bound
+
+
+def feeds_as_strided(node: torch.fx.Node) -> bool:
+    """Whether an as_strided-family node reads ``node``'s result, directly or through others.
+
+    Such a node reads the memory with strides meant for ``node``'s traced layout, which a copy
+    standing in for ``node`` does not have.
+
+    Example::
+
+        >>> feeds_as_strided(windows)   # windows.as_strided((2, 2), (1, 1)) follows
+        True
+    """
+    seen: set[torch.fx.Node] = set()
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if as_strided_op(user) is not None:
+            return True
+        todo.extend(user.users)
+    return False

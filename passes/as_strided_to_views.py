@@ -30,6 +30,9 @@ metadata; only those are caught, and the candidate is dropped. Any other excepti
 surfaces. No safety decision rests on a caught exception: dropping a candidate only ever keeps
 a node.
 
+Opset: a verified chain is written in the pass's opset and verified again before it is emitted
+(Note [Chains for an opset]); a node no candidate of which can be is kept, with the reason.
+
 Variants: ``as_strided_copy`` becomes the chain plus a contiguous ``clone``;
 ``as_strided_scatter`` becomes nested ``select_scatter``/``slice_scatter``/``diagonal_scatter``
 (see ``scatter.py``); ``as_strided_`` restrides its input in place, so it becomes the chain
@@ -52,14 +55,17 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
-from .as_strided_calls import as_strided_op, bind_as_strided
+from .aliasing import written_arguments
+from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
 from .chain import ViewChain, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter
 from .chain_verification import verify_chain
+from .copied_windows import WindowsByCopies
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
-from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call
+from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
 from .op_tables import METADATA_MUTATIONS
+from .opsets import Opset, as_opset, chain_for_opset
 from .provenance import ViewIndex, node_geometry
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .scatter import (
@@ -104,6 +110,8 @@ class _GraphContext:
     # Per input node, its users that change its layout in place: found once per input, since
     # one base can feed thousands of as_strided nodes (a scan per node would be quadratic).
     layout_mutators: dict[torch.fx.Node, list[torch.fx.Node]]
+    opset: Opset
+    functional: bool  # no node writes a tensor in place: a copy cannot be told from a view
 
     def layout_mutation(self, node: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node | None:
         """A user of ``source`` other than ``node`` that changes its layout in place, or None.
@@ -159,6 +167,29 @@ class _Call:
         sym = self.symbolic
         return verify_symbolic_chain(chain, sym.source, sym.target, sym.facts)
 
+    def in_opset(self, chain: ViewChain, context: _GraphContext) -> tuple[ViewChain | None, str]:
+        """A verified ``chain`` written in the graph's opset and verified again, or None and
+        why not (see Note [Chains for an opset])."""
+        return chain_for_opset(
+            chain,
+            self.source_geometry,
+            self.target,
+            context.opset,
+            static=self.symbolic is None,
+            verifies=self.verifies,
+            copy_refusal=lambda: self.copy_refusal(context),
+        )
+
+    def copy_refusal(self, context: _GraphContext) -> str | None:
+        """Why a copy may not stand in for this node's view, or None if it may."""
+        if not context.functional:
+            return "the graph writes tensors in place"
+        if self.op not in _COPYABLE:
+            return f"{op_name(self.op)} must stay a view"
+        if feeds_as_strided(self.node):
+            return "a later as_strided reads its memory"
+        return None
+
 
 class AsStridedToViews(RecordingPass):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
@@ -178,12 +209,14 @@ class AsStridedToViews(RecordingPass):
         strict: bool = False,
         example_inputs: Sequence[Any] | None = None,
         recompile: bool = True,
+        opset: Opset | str = Opset.ATEN,
     ) -> None:
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
         super().__init__(recompile)
         self.strict = strict
         self.example_inputs = example_inputs
+        self.opset = as_opset(opset)
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         _check_example_inputs(graph_module, self.example_inputs)
@@ -221,6 +254,9 @@ class AsStridedToViews(RecordingPass):
             replacer=OutputDeferringReplacer(graph),
             position={node: i for i, node in enumerate(graph.nodes)},
             layout_mutators={},
+            opset=self.opset,
+            functional=self.opset is Opset.ATEN
+            or not any(written_arguments(n) for n in graph.nodes),
         )
         records = []
         for node in nodes:
@@ -270,10 +306,18 @@ class AsStridedToViews(RecordingPass):
                 f"the input's layout changes in place at {mutation.name!r}, so "
                 "its trace-time layout is ambiguous",
             )
-        for method, chain in _candidates(call, context.index):
-            if not call.verifies(chain):
+        unwritten = ""  # why the first verified chain has no form in the opset
+        for method, view_chain in _candidates(call, context.index):
+            if not call.verifies(view_chain):
                 continue
-            emitted = _emit(graph, call, chain)
+            chain, why = call.in_opset(view_chain, context)
+            if chain is None:
+                described = describe_chain(view_chain, call.source.name)
+                unwritten = unwritten or (
+                    f"{described} gives it, but not in the {context.opset.value} opset: {why}"
+                )
+                continue
+            emitted = _emit(graph, call, chain, context.opset)
             if emitted is None:
                 continue
             after, out = emitted
@@ -282,6 +326,8 @@ class AsStridedToViews(RecordingPass):
                 graph.erase_node(node)
             reason = _REASONS[method]
             return _record(call, after, method, reason)
+        if unwritten:
+            return _kept(call, unwritten)
         return _kept(call, _why_kept(call))
 
 
@@ -467,6 +513,8 @@ def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None,
 
 #: Variants rewritten only for static shapes.
 _STATIC_ONLY = (aten.as_strided_.default,)
+#: Variants whose result may be a copy with the as_strided's values, in a functional graph.
+_COPYABLE = (aten.as_strided.default, aten.as_strided_copy.default)
 
 
 def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
@@ -511,7 +559,9 @@ def _symbolic_candidates(
         yield "synthesized", chain
 
 
-def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, torch.fx.Node] | None:
+def _emit(
+    graph: torch.fx.Graph, call: _Call, chain: ViewChain, opset: Opset
+) -> tuple[str, torch.fx.Node] | None:
     """Insert the replacement for ``call`` before it; None if this variant cannot use ``chain``.
 
     All checks come first; if computing the new nodes' metadata still fails, the nodes made so
@@ -540,13 +590,20 @@ def _emit(graph: torch.fx.Graph, call: _Call, chain: ViewChain) -> tuple[str, to
         _erase_dead(graph, emitter.created)
         return None
     # Later nodes read the replacement's metadata as the layout they were traced against: it
-    # must be the node's own, whatever the fake kernels computed.
-    if not _same_metadata(call, out):
+    # must be the node's own, whatever the fake kernels computed. A copy has its own layout
+    # and the node's sizes; no as_strided reads it (see _Call.in_opset).
+    copied = any(isinstance(step, WindowsByCopies) for step in chain)
+    if not (_same_sizes(call, out) if copied else _same_metadata(call, out)):
         log.debug(
             "%s: dropped candidate %s: its metadata differs from the node's",
             call.node.name,
             described,
         )
+        _erase_dead(graph, emitter.created)
+        return None
+    outside = [n.target for n in emitter.created if not opset.has(cast(Any, n.target))]
+    if outside:  # a variant's own op (a scatter of a diagonal) the opset lacks
+        log.debug("%s: dropped candidate %s: %s", call.node.name, described, outside[0])
         _erase_dead(graph, emitter.created)
         return None
     _erase_dead(graph, [n for n in emitter.created if n is not out])
@@ -568,6 +625,11 @@ def _output_is_contiguous(call: _Call) -> bool:
             return False
         expected = expected * size
     return True
+
+
+def _same_sizes(call: _Call, out: torch.fx.Node) -> bool:
+    made, node = out.meta.get("val"), call.node.meta["val"]
+    return isinstance(made, torch.Tensor) and (made.shape, made.dtype) == (node.shape, node.dtype)
 
 
 def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:

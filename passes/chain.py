@@ -36,19 +36,27 @@ class ViewStep:
     def name(self) -> str:
         return op_name(self.op)  # aten.select.int -> select
 
+    def apply(self, x: Any, ev: Evaluator) -> Any:
+        """``op(x, *args)`` through ``ev``: one node when emitted."""
+        return ev(self.op, x, *self.args)
+
+    def describe(self, input_text: str) -> str:
+        """The step applied to ``input_text``, as a reader writes it: ``select(x, 0, 0)``."""
+        return describe_call(self.op, (input_text, *self.args))
+
 
 ViewChain = tuple[ViewStep, ...]
 
 
-def eager(op: Callable[..., Any], *args: Any) -> Any:
+def eager(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The evaluator that simply calls the op (on meta, fake or real tensors)."""
-    return op(*args)
+    return op(*args, **kwargs)
 
 
 def apply_chain(chain: Sequence[ViewStep], x: Any, ev: Evaluator = eager) -> Any:
     """Apply ``chain`` to ``x`` through ``ev``."""
     for step in chain:
-        x = ev(step.op, x, *step.args)
+        x = step.apply(x, ev)
     return x
 
 
@@ -56,7 +64,7 @@ def describe_chain(chain: Sequence[ViewStep], input_name: str) -> str:
     """Readable nested call form, e.g. ``unsqueeze(select(x, 0, 0), 1)``."""
     text = input_name
     for step in chain:
-        text = describe_call(step.op, (text, *step.args))
+        text = step.describe(text)
     return text
 
 

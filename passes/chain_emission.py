@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch.fx
 
 from .fake_modes import in_one_fake_mode
 from .op_tables import LAYOUT_VIEWS
-from .torch_internals import FakeTensor, OpOverload, no_dispatch
+from .torch_internals import FakeTensor, OpOverload, no_dispatch, pytree
 
 
 def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
@@ -85,9 +86,18 @@ class GraphEmitter:
         node = self.graph.call_function(op, args, kwargs)
         vals, kwvals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
         val = None if kwargs or not vals else fake_view_value(op, *vals)
-        node.meta["val"] = op(*in_one_fake_mode(vals), **kwvals) if val is None else val
+        node.meta["val"] = self._value(op, vals, kwvals) if val is None else val
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in self.like.meta:
                 node.meta[key] = self.like.meta[key]
         self.created.append(node)
         return node
+
+    def _value(self, op: Callable[..., Any], vals: Any, kwvals: Any) -> Any:
+        """``op``'s value on the arguments' values; a factory's (``arange``: no tensor argument)
+        is made in the fake mode of the node the emitted ones stand in for."""
+        if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves((vals, kwvals))):
+            return op(*in_one_fake_mode(vals), **kwvals)
+        mode = getattr(self.like.meta.get("val"), "fake_mode", None)
+        with contextlib.nullcontext() if mode is None else mode:
+            return op(*vals, **kwvals)

@@ -283,3 +283,53 @@ def test_user_input_mutation_is_remapped_and_applied():
     mine, theirs = x.clone(), x.clone()
     assert_tree_close(module(mine), _InputMutation()(theirs))
     assert_tree_close(mine, theirs)
+
+
+class _Blocks(torch.nn.Module):
+    """Ops a consumer may keep whole (XNNPACK takes linear; edge compilers keep sdpa), an alias
+    (a full slice), and optionally a window."""
+
+    def __init__(self, window: bool) -> None:
+        super().__init__()
+        self.window = window
+        self.linear = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x):
+        h = self.norm(self.linear(x))[:, :4]
+        attended = torch.nn.functional.scaled_dot_product_attention(h[None], h[None], h[None])
+        # (a window of the normalized rows: their layout is the traced one in eager too)
+        return (attended, h.t().as_strided((3, 2), (1, 1))) if self.window else attended
+
+
+def _call_targets(program: torch.export.ExportedProgram) -> set[object]:
+    return {n.target for n in program.graph.nodes if n.op == "call_function"}
+
+
+def test_ops_that_need_no_decomposition_come_out_as_they_went_in():
+    """Only the training IR's own ops are lowered; a program with nothing to rewrite comes out
+    exactly as the empty-table lowering gives it (its alias included)."""
+    program = torch.export.export(_Blocks(window=False), (torch.randn(3, 4),))
+    result = fxviews.rewrite(program)
+    assert not result.modified
+    kept_whole = {
+        torch.ops.aten.linear.default,
+        torch.ops.aten.layer_norm.default,
+        torch.ops.aten.scaled_dot_product_attention.default,
+    }
+    assert kept_whole <= _call_targets(result.exported_program)
+    plain = program.run_decompositions(decomp_table={})
+    assert result.exported_program.graph_module.code == plain.graph_module.code
+
+
+def test_a_program_with_a_window_differs_only_there():
+    module = _Blocks(window=True)
+    program = torch.export.export(module, (torch.randn(3, 4),))
+    result = fxviews.rewrite(program, opset="core_aten")
+    assert [r.method for r in result.records] == ["synthesized"]
+    targets = _call_targets(result.exported_program)
+    assert torch.ops.aten.linear.default in targets
+    assert torch.ops.aten.scaled_dot_product_attention.default in targets
+    assert torch.ops.aten.as_strided.default not in targets
+    x = torch.randn(3, 4)
+    assert_tree_close(result.exported_program.module()(x), module(x))

@@ -8,12 +8,13 @@ may save files), and fails if it raises; snippets state their results as asserti
 A block right after a line starting with ``<!-- not run`` is deliberately not runnable (an
 excerpt of a traced graph, say) and is left out: keep those rare. Output samples use other
 fences (```` ```sh ````, a bare ```` ``` ````) and are not Python. Blocks that import a module of
-the ``onnx`` extra are skipped without it, as tests/test_onnx.py is.
+the ``onnx`` or ``executorch`` extra are skipped without it, as their test files are.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 #: A line starting with this, right before a ```python fence, marks the block as not run.
 NOT_RUN = "<!-- not run"
 ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
+#: Modules of the optional extras: a block importing one is skipped without it.
+OPTIONAL = ONNX_EXTRA | {"executorch"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,10 @@ SNIPPETS = python_blocks(README.read_text(encoding="utf-8"))
     ids=lambda s: f"README.md:{s.line}",
 )
 def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
-    if imported_modules(snippet.source) & ONNX_EXTRA:
-        for name in sorted(ONNX_EXTRA):
-            pytest.importorskip(name)
+    optional = imported_modules(snippet.source) & OPTIONAL
+    needed = optional | (ONNX_EXTRA if optional & ONNX_EXTRA else set())
+    for name in sorted(needed):
+        pytest.importorskip(name)
     assert run_snippet(snippet, tmp_path) == ""
 
 
@@ -87,8 +91,15 @@ def run_snippet(snippet: Snippet, cwd: Path) -> str:
     # Padded with empty lines so a traceback names the README line that raised.
     code = "\n" * (snippet.line - 1) + snippet.source
     program = f"exec(compile({code!r}, {str(README)!r}, 'exec'), {{'__name__': '__main__'}})"
+    # This checkout's fxviews first, whichever one the interpreter has installed.
+    path = os.pathsep.join(p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, "-c", program], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", program],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": path},
     )
     return done.stderr if done.returncode else ""
 

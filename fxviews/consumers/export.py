@@ -7,10 +7,14 @@ parameters, buffers, constants) and, in order, what its output node returns (use
 buffer and user-input mutations). The rewrite keeps that contract:
 
 1. IR. torch.export's default IR (dialect ``TRAINING``) keeps forward AD and autograd as ops
-   (``_make_dual``, ``_unpack_dual``): the as_strided they produce only appears once the
-   program is decomposed. A training-IR program is therefore decomposed first with
-   ``run_decompositions()`` (PyTorch's default table), as every deployment path (ONNX,
-   AOTInductor, ExecuTorch) does anyway. A program already decomposed is used as it is.
+   (``_make_dual``, ``_unpack_dual``): the as_strided they produce only appears once they are
+   lowered. A training-IR program is therefore lowered with ``run_decompositions({})``: an
+   empty table, so only what must change does (functionalization, autograd and forward-AD ops,
+   which have no inference form); every other op (``linear``, ``conv2d``, ``layer_norm``,
+   ``scaled_dot_product_attention``, ...) comes out as it went in, and each consumer's own
+   decomposition (ONNX's, ExecuTorch's ``to_edge`` with the ops its partitioner keeps) sees
+   the ops it would see without fxviews. A program already decomposed is used as it is, and
+   one the steps leave alone comes out exactly as it was.
 2. A copy of its graph module goes through the same steps as a GraphModule (engine, reshape
    step, hygiene). Placeholders are never touched, so the input specs stay valid.
 3. The rewrite and hygiene replace returned nodes (an as_strided by its view chain, an alias by
@@ -41,7 +45,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, OutputSpec
 
-from fxviews.graph_rewriting import RewriteResult, rewrite_graph
+from fxviews.graph_rewriting import RewriteResult, RewriteSteps, rewrite_graph
 from fxviews.passes import FxViewsError
 from fxviews.passes.graph_edits import pytree_spec_copies
 
@@ -63,15 +67,15 @@ class ExportRewriteResult(RewriteResult):
 def rewrite_exported(
     program: ExportedProgram,
     strict: bool = False,
-    reshape_views: bool = True,
     example_inputs: Sequence[Any] | None = None,
-    pin_layouts: bool = True,
+    steps: RewriteSteps = RewriteSteps(),  # noqa: B008 - frozen: one shared default is safe
 ) -> ExportRewriteResult:
     """Rewrite every provably safe ``as_strided`` of an exported program, into a new program.
 
-    Called by :func:`fxviews.rewrite` for an ``ExportedProgram``; the options are its own.
-    A training-IR program (``torch.export.export``'s default) is decomposed first, since that IR
-    hides the as_strided of forward AD and autograd.
+    Called by :func:`fxviews.rewrite` for an ``ExportedProgram``; the options are its own
+    (``steps``: the opset and layout steps its arguments ask for). A training-IR program
+    (``torch.export.export``'s default) is lowered first, with an empty decomposition table,
+    since that IR hides the as_strided of forward AD and autograd.
 
     Example::
 
@@ -85,9 +89,10 @@ def rewrite_exported(
         )
     decomposed = program.dialect == "TRAINING"
     source = _run_decompositions(program) if decomposed else program
-    result = rewrite_graph(
-        source.graph_module, strict=strict, reshape_views=reshape_views, pin_layouts=pin_layouts
-    )
+    # A program the steps leave alone stays exactly as it was (no dead code or alias dropped):
+    # its compiler then sees what it would without fxviews.
+    untouched_as_is = dataclasses.replace(steps, tidy_untouched=False)
+    result = rewrite_graph(source.graph_module, strict, steps=untouched_as_is)
     renames = _returned_renames(source.graph_module.graph, result.graph_module.graph)
     new_program = ExportedProgram(
         root=result.graph_module,
@@ -115,9 +120,10 @@ def rewrite_exported(
 
 
 def _run_decompositions(program: ExportedProgram) -> ExportedProgram:
-    """``program.run_decompositions()``, which copies pytree specs (see pytree_spec_copies)."""
+    """``program`` out of the training IR with nothing decomposed that need not be (see the
+    Note), which copies pytree specs (see pytree_spec_copies)."""
     with pytree_spec_copies():
-        return program.run_decompositions()
+        return program.run_decompositions(decomp_table={})
 
 
 def _returned(graph: torch.fx.Graph) -> list[Any]:

@@ -31,11 +31,9 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from fxviews.consumers.export import rewrite_exported
+from fxviews.consumers.flat_reads import check_flat_read
 from fxviews.passes import FxViewsError, Geometry
-from fxviews.passes import torch_internals as internals
-from fxviews.passes.as_strided_calls import bind_as_strided
 from fxviews.passes.graph_edits import pytree_spec_copies
-from fxviews.passes.torch_internals import make_contiguous_strides_for
 
 __all__ = ["export_onnx"]
 
@@ -91,7 +89,7 @@ def export_onnx(
         raise FxViewsError("torch.onnx.export returned no exported program to check")
     for node in translated.graph.nodes:
         if node.target in (aten.as_strided.default, aten.as_strided_scatter.default):
-            _check_onnx_exact(node)
+            check_flat_read(node, "ONNX")
     return onnx_program
 
 
@@ -132,41 +130,6 @@ def _traced_on_an_example(model: Any) -> bool:
         return False
     values = [node.meta.get("val") for node in model.graph.find_nodes(op="placeholder")]
     return any(isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in values)
-
-
-def _check_onnx_exact(node: torch.fx.Node) -> None:
-    """Raise unless ONNX's flat lowering of this as_strided(_scatter) gives eager's values."""
-    statically_known_true = internals.statically_known_true
-
-    bound = bind_as_strided(node)
-    source, sizes, strides = bound["self"], bound["size"], bound["stride"]
-    offset = bound["storage_offset"] or 0
-    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        raise FxViewsError(f"node {node.name!r} has no input metadata to check")
-    expected = make_contiguous_strides_for(val.shape)
-    contiguous = statically_known_true(val.storage_offset() == 0) and all(
-        statically_known_true(size == 1) or statically_known_true(stride == want)
-        for size, stride, want in zip(val.shape, val.stride(), expected, strict=True)
-    )
-    if not contiguous:
-        raise FxViewsError(
-            f"node {node.name!r} stays in the program (see fxviews.rewrite's records) and its "
-            f"input {source.name!r} is not provably contiguous from offset 0: ONNX's lowering "
-            "would read other elements than eager"
-        )
-    values = (*sizes, *strides, offset, val.numel())
-    if not all(type(v) is int for v in values):
-        return  # symbolic: out of range fails in onnxruntime, never reads the wrong element
-    target = Geometry(tuple(sizes), tuple(strides), offset)
-    if target.numel and (target.bounds()[1] >= val.numel()):
-        raise FxViewsError(
-            f"node {node.name!r} reads past its input {source.name!r}: ONNX cannot read "
-            "memory outside a tensor"
-        )
-    scatter = node.target is aten.as_strided_scatter.default
-    if scatter and len(set(target.addresses())) != target.numel:
-        raise FxViewsError(f"node {node.name!r} writes some elements twice; ONNX's order differs")
 
 
 def _as_strided_scatter_onnx(

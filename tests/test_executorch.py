@@ -1,0 +1,332 @@
+"""``fxviews.executorch``: exported programs with strided views lower, delegate and run right.
+
+Each program is exported once, rewritten for the edge (``opset="core_aten"``), lowered with the
+XNNPACK partitioner and without it (ExecuTorch's plain ``to_edge`` of the rewritten program,
+whose verifier checks core ATen), and its .pte run in ExecuTorch's runtime on two inputs other
+than the example, against eager PyTorch. Lowering is slow, so each program is exported, lowered
+and serialized once per route for the whole file. The
+same program lowered by plain ExecuTorch is run too: where the table below says it is wrong or
+fails, the test asserts it is, so the bug stays a measured one on the installed version.
+Needs the ``executorch`` extra; skipped without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+pytest.importorskip("executorch")
+exir = pytest.importorskip("executorch.exir")
+runtime = pytest.importorskip("executorch.runtime")
+xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+
+import fxviews  # noqa: E402
+from fxviews.examples import push_jvp  # noqa: E402
+
+# Raised inside ExecuTorch 1.5.1 (deep copies of pytree specs, its flatbuffer serializer).
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated"),
+]
+
+
+class InputWindows(torch.nn.Module):
+    """Overlapping windows of 3 over the input itself, then a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 4)
+
+    def forward(self, x):
+        return self.linear(x.as_strided((6, 3), (1, 1)))
+
+
+class TransposedWindows(torch.nn.Module):
+    """The same windows over a transposed product: they walk its first column."""
+
+    def forward(self, x, w):
+        return (x @ w).t().as_strided((6, 3), (1, 1)) * 2
+
+
+class SlicedWindow(torch.nn.Module):
+    """A window on a column slice (storage offset 1, row stride 4)."""
+
+    def forward(self, x):
+        return x[:, 1:].as_strided((3, 2), (4, 1), 1) + 1
+
+
+class OffsetWindows(torch.nn.Module):
+    """Windows of 4, step 2, over an intermediate that starts at storage offset 1."""
+
+    def forward(self, x):
+        y = (x * 2)[1:]
+        return y.as_strided((3, 4), (2, 1), 1).sum(-1)
+
+
+def longformer_chunk(hidden: torch.Tensor, window: int) -> torch.Tensor:
+    """Overlapping chunks of ``2 * window`` rows, ``window`` apart (Longformer's geometry):
+    split the sequence into chunks of ``2 * window``, then halve the chunk stride."""
+    heads, length, dim = hidden.shape
+    chunks = hidden.view(heads, length // (2 * window), 2 * window, dim)
+    sizes = [heads, 2 * chunks.size(1) - 1, 2 * window, dim]
+    strides = [chunks.stride(0), chunks.stride(1) // 2, chunks.stride(2), chunks.stride(3)]
+    return chunks.as_strided(sizes, strides)
+
+
+class LongformerScores(torch.nn.Module):
+    """Sliding-chunk attention scores: queries and keys of (batch, length, heads, dim) put in a
+    (batch * heads, length, dim) head layout, chunked, multiplied chunk by chunk."""
+
+    def forward(self, query, key):
+        batch, length, heads, dim = query.shape
+
+        def heads_first(t: torch.Tensor) -> torch.Tensor:
+            return t.transpose(1, 2).reshape(batch * heads, length, dim)
+
+        q, k = (longformer_chunk(heads_first(t), 2) for t in (query, key))
+        return torch.einsum("bcxd,bcyd->bcxy", q, k)
+
+
+class StftFeatures(torch.nn.Module):
+    """Log power spectrum of one channel of a (time, channel) signal: frames taken the way
+    ``torch.stft`` takes them (strides scaled by the signal's), a Hann window, a real DFT."""
+
+    def __init__(self, n_fft: int = 8, hop: int = 2) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        k = torch.arange(n_fft // 2 + 1, dtype=torch.float32)
+        t = torch.arange(n_fft, dtype=torch.float32)
+        angle = 2 * torch.pi * t[:, None] * k[None, :] / n_fft
+        self.register_buffer("cos", torch.cos(angle))
+        self.register_buffer("sin", torch.sin(angle))
+        self.register_buffer("window", torch.hann_window(n_fft))
+
+    def forward(self, x):
+        signal = x[:, 1]
+        step = signal.stride(0)
+        count = (signal.size(0) - self.n_fft) // self.hop + 1
+        frames = signal.as_strided(
+            (count, self.n_fft), (self.hop * step, step), signal.storage_offset()
+        )
+        frames = frames * self.window
+        power = (frames @ self.cos) ** 2 + (frames @ self.sin) ** 2
+        return torch.log(power + 1e-6)
+
+
+class PushJvp(torch.nn.Module):
+    """Forward AD over an in-place write to a viewed base (the README's push_jvp)."""
+
+    def forward(self, x, y, yt):
+        return push_jvp(x, y, yt)
+
+
+def _write_over_column(x, y):
+    x = x.clone()
+    column = x[:, 1]
+    x.copy_(y)  # forward AD hands `column` its tangent through as_strided (stride 5, offset 1)
+    return column * 2, x
+
+
+class ColumnJvp(torch.nn.Module):
+    """push_jvp's pattern with a column view of the overwritten base."""
+
+    def forward(self, x, y, yt):
+        return torch.func.jvp(functools.partial(_write_over_column, x), (y,), (yt,))
+
+
+class ConvLinear(torch.nn.Module):
+    """The control: conv + linear, no as_strided anywhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.linear = torch.nn.Linear(36, 5)
+
+    def forward(self, x):
+        return self.linear(self.conv(x).relu().flatten(1))
+
+
+@dataclass(frozen=True)
+class Program:
+    """A module, its input shapes, and what plain ExecuTorch 1.5.1 does with it (measured):
+    ``"right"``, ``"wrong"`` (other numbers, no error) or ``"fails"`` (at run time)."""
+
+    name: str
+    make: Callable[[], torch.nn.Module]
+    shapes: tuple[tuple[int, ...], ...]
+    plain: str
+
+
+PROGRAMS = [
+    Program("input_windows", InputWindows, ((8,),), "right"),
+    Program("transposed_windows", TransposedWindows, ((4, 5), (5, 8)), "wrong"),
+    Program("sliced_window", SlicedWindow, ((3, 4),), "fails"),
+    Program("offset_windows", OffsetWindows, ((12,),), "wrong"),
+    Program("longformer_chunk", LongformerScores, ((1, 8, 2, 3), (1, 8, 2, 3)), "wrong"),
+    Program("stft_features", StftFeatures, ((24, 2),), "fails"),
+    Program("push_jvp", PushJvp, ((2, 6), (2, 6), (2, 6)), "right"),
+    Program("column_jvp", ColumnJvp, ((4, 5), (4, 5), (4, 5)), "right"),
+    Program("control", ConvLinear, ((2, 3, 5, 5),), "right"),
+]
+WITH_AS_STRIDED = [p for p in PROGRAMS if p.name != "control"]
+
+
+def _inputs(program: Program, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=gen) for shape in program.shapes)
+
+
+@functools.cache
+def _module(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)  # the modules' parameters
+    return next(p for p in PROGRAMS if p.name == name).make().eval()
+
+
+@functools.cache
+def _exported(name: str) -> torch.export.ExportedProgram:
+    program = next(p for p in PROGRAMS if p.name == name)
+    return torch.export.export(_module(name), _inputs(program, 0))
+
+
+#: How a program reaches ExecuTorch: fxviews then XNNPACK, fxviews then ExecuTorch's plain
+#: ``to_edge`` (portable kernels only; the core-ATen check), plain ExecuTorch with XNNPACK.
+ROUTES = ("fxviews+xnnpack", "fxviews+portable", "plain+xnnpack")
+
+
+@functools.cache
+def _lowered(name: str, route: str):
+    """The EdgeProgramManager of one program along one route."""
+    partitioner = [xnnpack.XnnpackPartitioner()]
+    if route == "fxviews+xnnpack":
+        return fxviews.executorch.to_edge_transform_and_lower(
+            _exported(name), partitioner=partitioner
+        )
+    if route == "fxviews+portable":
+        return fxviews.executorch.to_edge(_exported(name))
+    return exir.to_edge_transform_and_lower(_exported(name), partitioner=partitioner)
+
+
+@functools.cache
+def _pte(name: str, route: str) -> bytes:
+    """The .pte of one program along one route (``to_executorch`` runs once per manager)."""
+    return _lowered(name, route).to_executorch().buffer
+
+
+def _run(name: str, route: str, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Run the .pte's forward in ExecuTorch's runtime, from its in-memory buffer."""
+    method = runtime.Runtime.get().load_program(_pte(name, route)).load_method("forward")
+    return list(method.execute(list(args)))
+
+
+def _eager(name: str, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    return pytree.tree_leaves(_module(name)(*args))
+
+
+def _lowered_ops(edge) -> tuple[Counter[str], Counter[str]]:
+    """(delegated, portable) op counts of a lowered program, by edge op name."""
+    gm = edge.exported_program().graph_module
+    delegated: Counter[str] = Counter()
+    portable: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
+            inner = getattr(gm, node.name).original_module.graph
+            delegated.update(str(n.target) for n in inner.nodes if n.op == "call_function")
+        elif node.op == "call_function" and "executorch_call_delegate" not in str(node.target):
+            if str(node.target) != "<built-in function getitem>":
+                portable[str(node.target)] += 1
+    return delegated, portable
+
+
+@pytest.mark.parametrize("program", WITH_AS_STRIDED, ids=lambda p: p.name)
+def test_rewritten_program_passes_plain_to_edge(program):
+    """Every as_strided is rewritten, and ExecuTorch's own to_edge (its core-ATen verifier)
+    takes the program: no as_strided and no unfold reach the edge."""
+    records = fxviews.rewrite(_exported(program.name), opset="core_aten").records
+    assert records and all(r.method != "kept" for r in records), records
+    edge = _lowered(program.name, "fxviews+portable")  # exir.to_edge of the rewritten program
+    targets = {str(n.target) for n in edge.exported_program().graph.nodes}
+    assert not any("as_strided" in t or "unfold" in t for t in targets), targets
+
+
+@pytest.mark.parametrize("route", ["fxviews+xnnpack", "fxviews+portable"])
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_pte_runs_like_eager(program, route):
+    for seed in (1, 2):  # two inputs other than the example
+        args = _inputs(program, seed)
+        got, want = _run(program.name, route, args), _eager(program.name, args)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("program", WITH_AS_STRIDED, ids=lambda p: p.name)
+def test_plain_executorch_as_measured(program):
+    """Plain ExecuTorch is right, silently wrong, or fails at run time, as the table says."""
+    args = _inputs(program, 1)
+    if program.plain == "fails":
+        with pytest.raises(RuntimeError):
+            _run(program.name, "plain+xnnpack", args)
+        return
+    got, want = _run(program.name, "plain+xnnpack", args), _eager(program.name, args)
+    close = all(
+        g.shape == w.shape and torch.allclose(g, w, rtol=1e-4, atol=1e-4)
+        for g, w in zip(got, want, strict=True)
+    )
+    assert close == (program.plain == "right")
+
+
+def test_control_lowers_exactly_as_plain_executorch():
+    """No as_strided: the same ops delegated to XNNPACK and the same left to portable kernels
+    (linear reaches XNNPACK as linear, not decomposed first)."""
+    with_fxviews = _lowered_ops(_lowered("control", "fxviews+xnnpack"))
+    plain = _lowered_ops(_lowered("control", "plain+xnnpack"))
+    assert with_fxviews == plain
+    assert any("linear" in op for op in plain[0]), plain
+
+
+@pytest.mark.parametrize("name", ["input_windows", "longformer_chunk", "sliced_window"])
+def test_window_chains_are_delegated(name):
+    """The ops fxviews writes for windows (slice, view, permute, cat) all reach XNNPACK."""
+    delegated, portable = _lowered_ops(_lowered(name, "fxviews+xnnpack"))
+    chain_ops = ("slice_copy", "view_copy", "permute_copy", "cat", "select_copy", "index_select")
+    assert not [op for op in portable if any(c in op for c in chain_ops)], portable
+    assert any("slice_copy" in op for op in delegated), delegated
+
+
+def test_dict_of_methods_is_rewritten_per_method_and_left_unmodified():
+    programs = {"forward": _exported("sliced_window"), "windows": _exported("input_windows")}
+    code_before = {name: ep.graph_module.code for name, ep in programs.items()}
+    rewritten = fxviews.executorch.rewrite_for_edge(programs)
+    assert set(rewritten) == set(programs)
+    for ep in rewritten.values():
+        assert not any("as_strided" in str(n.target) for n in ep.graph.nodes)
+    assert {name: ep.graph_module.code for name, ep in programs.items()} == code_before
+
+
+def test_a_method_that_is_no_exported_program_is_named():
+    with pytest.raises(TypeError, match="method 'encode' is a Linear"):
+        fxviews.executorch.rewrite_for_edge({"encode": torch.nn.Linear(2, 2)})
+
+
+def test_kept_as_strided_that_would_read_wrong_raises():
+    """A kept node on a transposed input would read other elements on device: refused, named."""
+
+    class Unsafe(torch.nn.Module):
+        def forward(self, x):  # reads past the transposed view's elements: no view form
+            return x.t().as_strided((2, 2), (1, 1), 7)
+
+    ep = torch.export.export(Unsafe(), (torch.randn(3, 3),))
+    with pytest.raises(fxviews.FxViewsError, match="not provably contiguous"):
+        fxviews.executorch.rewrite_for_edge(ep)
+
+
+def test_missing_executorch_names_the_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "executorch.exir", None)
+    with pytest.raises(ImportError, match=r"fxviews\[executorch\]"):
+        fxviews.executorch.to_edge(_exported("sliced_window"))
