@@ -11,11 +11,13 @@ without ``fxviews.dtensor.register()`` (the README's numbers).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import multiprocessing
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -259,13 +261,16 @@ def registration_checks() -> dict[str, Any]:
     x = distribute_tensor(torch.randn(8, 7), mesh, placements_of("S0"))
     handlers = internals.dtensor_op_handlers()
     propagator = internals.dtensor_sharding_propagator()
-    ops = (torch.ops.aten.unfold.default, torch.ops.aten.diagonal.default)
+    aten = torch.ops.aten
+    backwards = (aten.unfold_backward.default, aten.diagonal_backward.default)
+    ops = (aten.unfold.default, aten.diagonal.default, *backwards)
 
     def tables() -> list[Any]:
         return [
-            handlers.get(torch.ops.aten.as_strided.default),
+            handlers.get(aten.as_strided.default),
             *(propagator.op_strategy_funcs.get(op) for op in ops),
             *(propagator.op_to_schema_info.get(op) for op in ops),
+            *(propagator.op_to_shape_and_stride_idx.get(op) for op in backwards),
         ]
 
     errors_before = pytorch_errors(x)
@@ -301,16 +306,45 @@ def registration_checks() -> dict[str, Any]:
     }
 
 
+#: Gradient cases: (name, request on a (4, 6, 6) input, {input placement: output placement}).
+GRADIENT_CASES = (
+    ("windows", ((4, 5, 2, 6), (36, 6, 6, 1)), {"S0": "S0", "S2": "S3"}),
+    ("diagonal", ((4, 6), (36, 7)), {"S0": "S0", "S2": "R"}),
+)
+
+
+def gradient_checks() -> list[tuple[str, str, str, bool]]:
+    """Gradients through fxviews.as_strided on a DTensor against torch.as_strided's on the
+    whole (contiguous) tensor: (case, input placement, output placement, grads equal)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    whole = torch.randn(4, 6, 6)
+    reference = whole.clone().requires_grad_()
+    found = []
+    for name, request, placements in GRADIENT_CASES:
+        reference.grad = None
+        (torch.as_strided(reference, *request) ** 2).sum().backward()
+        for placement in placements:
+            x = distribute_tensor(whole, mesh, placements_of(placement)).requires_grad_()
+            out = fxviews.as_strided(x, *request)
+            (out**2).sum().backward()
+            grads_equal = torch.allclose(x.grad.full_tensor(), reference.grad)
+            found.append((name, placement, describe(out.placements), grads_equal))
+    return found
+
+
 def case_modes(case: Case) -> Sequence[Mode]:
     return case.modes
 
 
 def eager_only(case: Case) -> Sequence[Mode]:
     return (EAGER,)
-
-
-def every_mode(case: Case) -> Sequence[Mode]:
-    return ALL_MODES
 
 
 @dataclass(frozen=True)
@@ -320,7 +354,16 @@ class WorldJob:
     modes_of: Callable[[Case], Sequence[Mode]]
 
     def __call__(self) -> dict[str, Any]:
-        return {"checks": registration_checks(), "outcomes": run_battery(True, self.modes_of)}
+        import fxviews
+
+        checks = registration_checks()
+        outcomes = run_battery(True, self.modes_of)
+        fxviews.dtensor.register()
+        try:
+            gradients = gradient_checks()
+        finally:
+            fxviews.dtensor.unregister()
+        return {"checks": checks, "outcomes": outcomes, "gradients": gradients}
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,8 +389,13 @@ def _worker(
     torch.set_num_threads(1)
     import torch.distributed as dist
 
+    # A collective one rank never reaches fails after 2 minutes instead of hanging the test.
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
     )
     try:
         value = job()
@@ -372,8 +420,9 @@ def in_world(world: int, job: Callable[[], Any], timeout: float = 600) -> Any:
     ]
     for p in processes:
         p.start()
+    deadline = time.monotonic() + timeout
     for p in processes:
-        p.join(timeout)
+        p.join(max(0.0, deadline - time.monotonic()))
     alive = [p for p in processes if p.is_alive()]
     for p in alive:
         p.kill()
@@ -405,9 +454,11 @@ def captured_fxviews_log() -> Iterator[list[str]]:
 
 
 def measure(world: int = 2) -> None:
-    """Print how many (case, mode) pairs run, and run right, without and with register()."""
+    """Print how many (case, mode) pairs run, and run right, without and with register().
+
+    One world per mode and setting: compiled cases run in a fresh world for each compiler."""
     for register in (False, True):
-        outcomes = in_world(world, _MeasureJob(register))
+        outcomes = [o for mode in ALL_MODES for o in in_world(world, _MeasureJob(register, mode))]
         right = [o for o in outcomes if o.ran and o.matches and o.placement == o.expected]
         ran = [o for o in outcomes if o.ran]
         label = "fxviews.dtensor.register()" if register else "PyTorch alone"
@@ -415,14 +466,18 @@ def measure(world: int = 2) -> None:
             f"{label}: {len(ran)} of {len(outcomes)} run, {len(right)} with the expected "
             f"placement and values (world {world}, {len(CASES)} cases x {len(ALL_MODES)} modes)"
         )
+        for o in outcomes:
+            if not (o.ran and o.matches and o.placement == o.expected):
+                print(f"    {o.case} {o.mode}: {o.error or o.placement}")
 
 
 @dataclass(frozen=True)
 class _MeasureJob:
     register: bool
+    mode: Mode
 
     def __call__(self) -> list[Outcome]:
-        return run_battery(self.register, every_mode)
+        return run_battery(self.register, lambda case: (self.mode,))
 
 
 if __name__ == "__main__":

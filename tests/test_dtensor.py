@@ -76,14 +76,16 @@ def test_pytorch_alone_refuses_as_strided_and_unfold(world_2):
 def test_register_installs_the_handler_and_strategies_and_twice_is_once(world_2):
     checks = world_2["checks"]
     assert checks["registered"]
-    assert checks["changed"] == [True] * 5  # handler; unfold and diagonal strategies and keys
+    # the handler; strategies and cache keys of unfold, diagonal and their backwards; the shape
+    # arguments of the backwards
+    assert checks["changed"] == [True] * 11
     assert checks["twice_is_once"]
     assert checks["errors_during"] == ("", "")
 
 
 def test_unregister_restores_pytorch_exactly(world_2):
     checks = world_2["checks"]
-    assert checks["restored"] == [True] * 5  # the very objects DTensor had, or still absent
+    assert checks["restored"] == [True] * 11  # the very objects DTensor had, or still absent
     assert checks["unregistered"]
     assert checks["errors_after"] == checks["errors_before"]
 
@@ -100,3 +102,11 @@ def test_crossing_the_sharded_dim_is_said_once(world_2):
     log = world_2["checks"]["log"]
     assert len(log) == 1, log
     assert "redistributed" in log[0] and "Shard(dim=0)" in log[0] and "unfold" in log[0]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize(("name", "placements"), [(n, p) for n, _, p in battery.GRADIENT_CASES])
+def test_gradients_through_fxviews_as_strided(world_2, world_4, world_size, name, placements):
+    world = world_2 if world_size == 2 else world_4
+    found = {(p, out): equal for n, p, out, equal in world["gradients"] if n == name}
+    assert found == {(p, out): True for p, out in placements.items()}

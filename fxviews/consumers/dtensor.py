@@ -18,7 +18,10 @@ request is the tensor's own geometry, and has no sharding strategy for ``aten.un
    request and placement. A chain that leaves the sharded dim alone moves no data;
 3. sharding strategies for the views the chains use where DTensor has none or an all-gathering
    one: ``unfold`` (the window dim must be whole; the others keep their placements) and
-   ``diagonal`` (its two dims must be whole; DTensor's own replicates every dim).
+   ``diagonal`` (its two dims must be whole; DTensor's own replicates every dim), and for their
+   backwards, so gradients flow through :func:`fxviews.as_strided` called on a DTensor (the
+   handler of step 1 runs below autograd, which records ``x.as_strided`` itself: its backward
+   is PyTorch's, which DTensor cannot run).
 
 Under ``torch.compile`` DTensor's ops are traced through the same handler table and strategy
 functions (on fake local tensors), so the compiled graph holds the chain's local views and the
@@ -47,6 +50,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.chain import ViewStep
+from fxviews.passes.geometry import Geometry
 from fxviews.passes.runtime_views import proven_chain, requested_geometry
 
 aten = torch.ops.aten
@@ -72,6 +76,8 @@ def register() -> None:
         for op, strategy in _STRATEGIES.items():
             _replace(propagator.op_strategy_funcs, op, strategy)
             _replace(propagator.op_to_schema_info, op, schema_info)
+        for op in _SHAPE_ARGUMENTS:
+            _replace(propagator.op_to_shape_and_stride_idx, op, 1)
         internals.clear_sharding_prop_cache()
 
 
@@ -111,7 +117,7 @@ def _as_strided_handler(
     return out
 
 
-def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Any) -> DTensor:
+def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Geometry) -> DTensor:
     """``x`` with the dims ``step`` re-indexes unsharded, every other placement kept."""
     dims = reindexed_dims(step, tuple(int(s) for s in x.shape))
     placements = tuple(
@@ -197,13 +203,14 @@ def _regrouped_dims(shape: Sequence[int], sizes: Sequence[int]) -> set[int]:
 # Sharding strategies
 
 
-def _view_strategy(
+def _reindexing_strategy(
     whole: Callable[[tuple[Any, ...], int], set[int]],
     moved: Callable[[int, tuple[Any, ...], int], int],
 ) -> Callable[[Any], Any]:
-    """A strategy for a view op: the dims in ``whole(args, ndim)`` must be unsharded (Replicate
-    on their mesh dims); a ``Shard(d)`` on another dim becomes ``Shard(moved(d, args, ndim))``;
-    ``Replicate`` and ``Partial`` pass through (a view is linear). One OpSpec per input spec."""
+    """A strategy for an op that re-indexes its input (a view, or a view's backward): the dims
+    in ``whole(args, ndim)`` must be unsharded (Replicate on their mesh dims); a ``Shard(d)`` on
+    another dim becomes ``Shard(moved(d, args, ndim))``; ``Replicate`` and ``Partial`` pass
+    through (these ops are linear). One OpSpec per input spec."""
 
     def strategy(op_schema: Any) -> Any:
         input_strategy, *args = op_schema.args_schema
@@ -249,12 +256,34 @@ def _after_diagonal(dim: int, args: tuple[Any, ...], ndim: int) -> int:
     return dim - sum(d < dim for d in _diagonal_dims(args, ndim))
 
 
+def _before_diagonal(dim: int, args: tuple[Any, ...], ndim: int) -> int:
+    # diagonal_backward(grad, input_sizes, offset, dim1, dim2): grad's dims are the input's
+    # other dims, in order, then the diagonal
+    input_ndim = len(args[0])
+    taken = {args[2] % input_ndim, args[3] % input_ndim}
+    return [d for d in range(input_ndim) if d not in taken][dim]
+
+
+def _keep(dim: int, args: tuple[Any, ...], ndim: int) -> int:
+    return dim
+
+
 _STRATEGIES = {
     # unfold(dim, size, step): the other dims keep their index; the window dim is appended.
-    aten.unfold.default: _view_strategy(lambda args, ndim: {args[0]}, lambda d, args, ndim: d),
-    aten.diagonal.default: _view_strategy(
+    aten.unfold.default: _reindexing_strategy(lambda args, ndim: {args[0]}, _keep),
+    aten.diagonal.default: _reindexing_strategy(
         lambda args, ndim: set(_diagonal_dims(args, ndim)), _after_diagonal
     ),
+    # Their backwards, for gradients through fxviews.as_strided: the unfolded dim and the
+    # window dim (last), or the diagonal (last), must be whole.
+    aten.unfold_backward.default: _reindexing_strategy(
+        lambda args, ndim: {args[1] % (ndim - 1), ndim - 1}, _keep
+    ),
+    aten.diagonal_backward.default: _reindexing_strategy(
+        lambda args, ndim: {ndim - 1}, _before_diagonal
+    ),
 }
+#: Ops whose argument 1 is the global output shape, which DTensor must make the local one.
+_SHAPE_ARGUMENTS = (aten.unfold_backward.default, aten.diagonal_backward.default)
 
 __all__ = ["is_registered", "reindexed_dims", "register", "unregister"]
