@@ -55,14 +55,16 @@ IDENTITY: ViewChain = (ViewStep(aten.alias.default, ()),)
 class AsStridedRequestError(FxViewsError, ValueError):
     """An ``as_strided`` request no chain of view ops can give from the tensor it is made on.
 
-    ``source`` is the tensor's geometry, ``target`` the request (offsets as given, absolute),
-    ``reason`` why: it reads memory the tensor does not expose, or it has no view form.
+    ``source`` is the tensor's geometry, ``target`` the request (offsets in storage elements;
+    both 0 under torch.compile when no offset was given), ``reason`` why: it reads memory the
+    tensor does not expose, or it has no view form.
 
     Example::
 
         >>> fxviews.as_strided(torch.zeros(4), (3,), (2,))
         AsStridedRequestError: as_strided request sizes=[3] strides=[2] offset=0 on a tensor
-        of geometry sizes=[4] strides=[1] offset=0: unsafe: it reads storage address 4, ...
+        of geometry sizes=[4] strides=[1] offset=0: unsafe: it reads the element 4 past the
+        tensor's offset, which the tensor does not expose
     """
 
     def __init__(self, source: Geometry, target: Geometry, reason: str) -> None:

@@ -387,9 +387,9 @@ def _worker(
 ) -> None:
     sys.path[:] = sys_path
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    # A compile cache of its own per rank: ranks of one machine sharing PyTorch's (2.13) hand a
-    # rank the graph compiled for another rank's uneven shard ("expected size 3==4" at run time,
-    # then a collective the other rank never joins).
+    # A compile cache of its own per rank: ranks of one machine sharing PyTorch's (2.13) handed
+    # a rank the graph compiled for another rank's uneven shard ("expected size 3==4" at run
+    # time, then a collective the other rank never joins).
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"fxviews-tests-inductor-rank-{rank}-of-{world}"
     )
