@@ -2,12 +2,12 @@
 
 Front door (this package): :func:`trace`, :func:`rewrite`, :func:`explain`, :func:`transform`,
 :func:`backend`, :func:`export_onnx`, :func:`as_strided` (the engine at run time, on a live
-tensor), and, each imported on first use so ``import fxviews`` never imports them,
-``fxviews.executorch`` (ExecuTorch's ``to_edge`` and ``to_edge_transform_and_lower`` with the
-programs rewritten first) and ``fxviews.dtensor`` (DTensor answers ``as_strided``, see
-:mod:`fxviews.consumers.dtensor`); each rewrite's :class:`Record` of a node says its
-:class:`RecordKind`. The engine is :mod:`fxviews.passes`: the top-level ``passes/`` directory of
-the repository, which ``fxviews/passes`` links to, so it is the same package installed or not.
+tensor), and, each imported on first use, ``fxviews.executorch`` (ExecuTorch's ``to_edge``
+and ``to_edge_transform_and_lower`` with the programs rewritten first) and ``fxviews.dtensor``
+(DTensor answers ``as_strided``, see :mod:`fxviews.consumers.dtensor`); each rewrite's
+:class:`Record` of a node says its :class:`RecordKind`. The engine is :mod:`fxviews.passes`:
+the top-level ``passes/`` directory of the repository, which ``fxviews/passes`` links to, so
+it is the same package installed or not.
 
 Example::
 
@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 
-#: Consumers imported on first use: they import libraries ``import fxviews`` must not pay for
-#: (ExecuTorch; torch.distributed.tensor).
+#: Consumers imported on first use: ExecuTorch, which ``import fxviews`` must not pay for, and
+#: DTensor's, which changes nothing until its register() is called.
 _LAZY_CONSUMERS = {
     "executorch": "fxviews.consumers.executorch",
     "dtensor": "fxviews.consumers.dtensor",

@@ -9,6 +9,9 @@ unregister(), the refusal of a request outside the tensor, and the redistributio
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch.distributed as dist
 
@@ -110,3 +113,46 @@ def test_gradients_through_fxviews_as_strided(world_2, world_4, world_size, name
     world = world_2 if world_size == 2 else world_4
     found = {(p, out): equal for n, p, out, equal in world["gradients"] if n == name}
     assert found == {(p, out): True for p, out in placements.items()}
+
+
+def test_fxviews_dtensor_is_imported_on_first_use():
+    code = (
+        "import sys, fxviews; assert 'fxviews.consumers.dtensor' not in sys.modules; "
+        "fxviews.dtensor.register; assert 'fxviews.consumers.dtensor' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "shape", "dims"),
+    [
+        ("unfold", (1, 3, 1), (4, 6), {1}),
+        ("select", (0, 2), (4, 6), {0}),
+        ("slice", (2, 1, 5, 2), (4, 6, 6), {2}),
+        ("diagonal", (0, 1, 2), (4, 5, 5), {1, 2}),
+        ("view", ([4, 2, 3],), (4, 6), {1}),  # splits dim 1 only
+        ("view", ([4, 36],), (4, 6, 6), {1, 2}),  # merges dims 1 and 2
+        ("view", ([4, 3, 2, 6],), (4, 6, 6), {1}),
+        ("expand", ([3, 4, 6],), (1, 4, 6), {0}),
+        ("permute", ([1, 0],), (4, 6), set()),
+        ("unsqueeze", (0,), (4, 6), set()),
+    ],
+)
+def test_the_dims_a_step_reindexes(op, args, shape, dims):
+    import torch
+
+    from fxviews.consumers.dtensor import reindexed_dims
+    from fxviews.passes.chain import ViewStep
+
+    overload = {
+        "unfold": torch.ops.aten.unfold.default,
+        "select": torch.ops.aten.select.int,
+        "slice": torch.ops.aten.slice.Tensor,
+        "diagonal": torch.ops.aten.diagonal.default,
+        "view": torch.ops.aten.view.default,
+        "expand": torch.ops.aten.expand.default,
+        "permute": torch.ops.aten.permute.default,
+        "unsqueeze": torch.ops.aten.unsqueeze.default,
+    }[op]
+    assert reindexed_dims(ViewStep(overload, args), shape) == dims
