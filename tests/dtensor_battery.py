@@ -396,13 +396,14 @@ def _worker(
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    # A collective one rank never reaches fails after 2 minutes instead of hanging the test.
+    # A collective one rank never reaches fails after 5 minutes instead of hanging the test
+    # (long enough for one rank to compile while the other waits, on a loaded machine).
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=120),
+        timeout=datetime.timedelta(seconds=300),
     )
     try:
         value = job()
