@@ -16,9 +16,11 @@ from .opsets import Opset
 from .overwritten_clones import OverwrittenClones
 from .pinning import LAYOUT_KERNELS, LayoutPinning
 from .records import METHODS, Record, RecordedPassResult, RecordingPass, RecordKind
+from .runtime_views import AsStridedRequestError, as_strided_views
 from .view_to_reshape import ViewToReshape
 
 __all__ = [
+    "AsStridedRequestError",
     "AsStridedToViews",
     "FxViewsError",
     "Geometry",
@@ -33,6 +35,7 @@ __all__ = [
     "RecordingPass",
     "UnsafeAsStridedError",
     "ViewToReshape",
+    "as_strided_views",
     "drop_redundant_aliases",
     "remove_dead_pure_nodes",
 ]

@@ -259,6 +259,22 @@ def is_boxed_call(compiled: object) -> bool:
     return getattr(compiled, "_boxed_call", False)
 
 
+def dtensor_op_handlers() -> dict[OpOverload, Any]:
+    """DTensor's table of ops it answers in Python before sharding propagation, which
+    holds its ``as_strided`` refusal (as of 2.13). Imports torch.distributed.tensor on use."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher._custom_op_handlers
+
+
+def dtensor_sharding_propagator() -> Any:
+    """DTensor's sharding propagator: its ``op_strategy_funcs`` and ``op_to_schema_info`` tables
+    map an op to its strategy function and static arguments (as of 2.13)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
 _ON_USE: dict[str, tuple[str, str]] = {
     # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
@@ -296,6 +312,19 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
     "op_db": ("torch.testing._internal.common_methods_invocations", "op_db"),
+    # DTensor sharding strategies (fxviews.dtensor): what a strategy function returns
+    # (OpStrategy of OpSpecs over DTensorSpecs), the cache key of its static arguments
+    # (RuntimeSchemaInfo) and the cost of moving an input to a spec; clearing the Python and
+    # C++ sharding caches when strategies change (_clear_sharding_prop_cache). All as of 2.13.
+    "OpStrategy": ("torch.distributed.tensor._op_schema", "OpStrategy"),
+    "OpSpec": ("torch.distributed.tensor._op_schema", "OpSpec"),
+    "RuntimeSchemaInfo": ("torch.distributed.tensor._op_schema", "RuntimeSchemaInfo"),
+    "DTensorSpec": ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+    "generate_redistribute_costs": (
+        "torch.distributed.tensor._ops.utils",
+        "generate_redistribute_costs",
+    ),
+    "clear_sharding_prop_cache": ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
 }
 
 #: The internals bound at import, then those resolved on first use: every name this module serves.
@@ -363,6 +392,8 @@ BOUND_NAMES = (
     "storage_identity",
     "is_boxed_call",
     "symbol_hints",
+    "dtensor_op_handlers",
+    "dtensor_sharding_propagator",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

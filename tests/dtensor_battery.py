@@ -1,0 +1,492 @@
+"""Cases for fxviews.dtensor, run in a gloo world of CPU processes spawned once per world size.
+
+Each case is a function of our own written for plain tensors (windows, unfold, diagonals, a
+Longformer-style chunk), a global input, its placement, and the placements the output must
+have: written by hand from what each op does to the sharded dim, not read off the code under
+test. Every rank runs every case; rank 0 sends back one result per (case, mode), and the parent
+test asserts them. ``python -m tests.dtensor_battery`` measures how many cases run with and
+without ``fxviews.dtensor.register()`` (the README's numbers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Compile modes: (backend, dynamic); None is eager.
+Mode = tuple[str, bool] | None
+EAGER: Mode = None
+COMPILED: tuple[Mode, ...] = (
+    ("aot_eager", False),
+    ("aot_eager", True),
+    ("inductor", False),
+    ("inductor", True),
+)
+
+
+def mode_name(mode: Mode) -> str:
+    if mode is None:
+        return "eager"
+    backend, dynamic = mode
+    return f"{backend}-{'dynamic' if dynamic else 'static'}"
+
+
+# --------------------------------------------------------------------------------------------
+# The functions: plain PyTorch, written as a user would for one device
+
+
+def row_windows(x: torch.Tensor) -> torch.Tensor:
+    """Each pair of consecutive rows: (R - 1, 2, C)."""
+    rows, cols = x.shape
+    return x.as_strided((rows - 1, 2, cols), (x.stride(0), x.stride(0), x.stride(1))) * 2
+
+
+def column_windows(x: torch.Tensor) -> torch.Tensor:
+    """Windows of three consecutive columns in every row: (R, C - 2, 3)."""
+    rows, cols = x.shape
+    return x.as_strided((rows, cols - 2, 3), (x.stride(0), x.stride(1), x.stride(1))) * 2
+
+
+def rows_after_the_first(x: torch.Tensor) -> torch.Tensor:
+    """x[1:] of a tensor at storage offset 0 (a DTensor always is), through an offset. (Dynamo
+    cannot trace a DTensor's storage_offset(): "torch.* op returned non-Tensor".)"""
+    rows, cols = x.shape
+    return x.as_strided((rows - 1, cols), (x.stride(0), x.stride(1)), x.stride(0)) + 1
+
+
+def unfold_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.unfold(0, 2, 1) * 2
+
+
+def unfold_columns(x: torch.Tensor) -> torch.Tensor:
+    return x.unfold(1, 3, 2) * 2
+
+
+def batched_diagonal(x: torch.Tensor) -> torch.Tensor:
+    """The diagonal of each (N, N) matrix of a (B, N, N) batch, via as_strided."""
+    batch, n, _ = x.shape
+    return x.as_strided((batch, n), (x.stride(0), x.stride(1) + x.stride(2))) * 2
+
+
+def diagonal_of_matrix(x: torch.Tensor) -> torch.Tensor:
+    n = min(x.shape)
+    return x.as_strided((n,), (x.stride(0) + x.stride(1),)) * 2
+
+
+def longformer_chunks(x: torch.Tensor, window: int = 2) -> torch.Tensor:
+    """Overlapping chunks of 2 * window along the sequence, as Longformer's attention cuts them:
+    a view into non-overlapping chunks, then as_strided to chunks that overlap by half."""
+    batch, seq, hidden = x.shape
+    chunks = x.view(batch, seq // (2 * window), 2 * window, hidden)
+    size = list(chunks.size())
+    size[1] = size[1] * 2 - 1
+    stride = list(chunks.stride())
+    stride[1] = stride[1] // 2
+    return chunks.as_strided(size=size, stride=stride) * 2
+
+
+# --------------------------------------------------------------------------------------------
+# The cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """``fn`` on a ``shape`` input placed ``placement`` (a description: "S0", "S1", "R"); the
+    output must be placed ``expected`` and equal ``fn`` on the whole tensor."""
+
+    name: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    shape: tuple[int, ...]
+    placement: str
+    expected: str
+    modes: tuple[Mode, ...] = (EAGER,)
+    #: Modes where PyTorch itself fails (see INDUCTOR_DYNAMIC_BUG): the tests expect that error.
+    upstream: tuple[Mode, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}[{self.placement}]"
+
+
+ALL_MODES = (EAGER, *COMPILED)
+INDUCTOR_DYNAMIC: Mode = ("inductor", True)
+AOT_EAGER, INDUCTOR = ("aot_eager", False), ("inductor", False)
+#: Compiling is slow on a small machine: the tests compile each function in some modes, so that
+#: every mode and every op of the chains is compiled somewhere; measure() compiles every case in
+#: every mode.
+BUT_INDUCTOR_DYNAMIC = (EAGER, AOT_EAGER, ("aot_eager", True), INDUCTOR)
+#: PyTorch 2.13's own DTensor ops fail this way under Inductor with dynamic=True wherever an
+#: output size is not provably positive (``x[:, 1:] * 2`` on a Shard(0) DTensor, with no
+#: fxviews involved): the DTensor's outer stride holds a Max() that the graph computes with a
+#: Python function Inductor does not lower.
+INDUCTOR_DYNAMIC_BUG = "_nary_sym_max"
+
+CASES = (
+    # windows along the sharded dim need it whole; across it, it stays sharded (moved)
+    Case("row_windows", row_windows, (8, 6), "S0", "R"),
+    Case("row_windows", row_windows, (8, 6), "S1", "S2", ALL_MODES),
+    Case("row_windows", row_windows, (8, 6), "R", "R"),
+    Case("column_windows", column_windows, (8, 6), "S0", "S0", (EAGER, AOT_EAGER, INDUCTOR)),
+    Case("column_windows", column_windows, (8, 6), "S1", "R"),
+    Case("column_windows_uneven", column_windows, (7, 6), "S0", "S0"),  # 7 rows on 2 or 4
+    Case("column_windows", column_windows, (8, 6), "R", "R"),
+    Case("rows_after_the_first", rows_after_the_first, (8, 6), "S1", "S1", (EAGER, AOT_EAGER)),
+    Case("rows_after_the_first", rows_after_the_first, (8, 6), "S0", "R"),
+    Case("unfold_rows", unfold_rows, (8, 6), "S0", "R"),
+    Case("unfold_rows", unfold_rows, (8, 6), "S1", "S1", (EAGER, INDUCTOR)),
+    Case(
+        "unfold_columns",
+        unfold_columns,
+        (8, 7),
+        "S0",
+        "S0",
+        (EAGER, INDUCTOR, INDUCTOR_DYNAMIC),
+        upstream=(INDUCTOR_DYNAMIC,),
+    ),
+    Case("unfold_columns", unfold_columns, (8, 7), "S1", "R"),
+    Case("unfold_columns", unfold_columns, (8, 7), "R", "R"),
+    Case("batched_diagonal", batched_diagonal, (4, 5, 5), "S0", "S0", (EAGER, AOT_EAGER, INDUCTOR)),
+    Case("batched_diagonal", batched_diagonal, (4, 5, 5), "S1", "R"),
+    Case("batched_diagonal", batched_diagonal, (4, 5, 5), "R", "R"),
+    Case("diagonal_of_matrix", diagonal_of_matrix, (6, 6), "S1", "R"),
+    Case("longformer_chunks", longformer_chunks, (4, 16, 6), "S0", "S0", BUT_INDUCTOR_DYNAMIC),
+    Case("longformer_chunks", longformer_chunks, (4, 16, 6), "S2", "S3", BUT_INDUCTOR_DYNAMIC),
+    Case("longformer_chunks", longformer_chunks, (4, 16, 6), "S1", "R"),
+    Case("longformer_chunks", longformer_chunks, (4, 16, 6), "R", "R"),
+)
+
+
+def placements_of(text: str) -> tuple[Any, ...]:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return (Replicate(),) if text == "R" else (Shard(int(text[1:])),)
+
+
+def describe(placements: Sequence[Any]) -> str:
+    (p,) = placements
+    return f"S{p.dim}" if p.is_shard() else "R" if p.is_replicate() else str(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Running cases on one rank
+
+
+@dataclass
+class Outcome:
+    """What one (case, mode) did on rank 0: ran, with output placement and match, or failed."""
+
+    case: str
+    mode: str
+    ran: bool
+    placement: str = ""
+    expected: str = ""
+    matches: bool = False
+    error: str = ""
+
+
+def run_case(case: Case, mode: Mode, mesh: Any) -> Outcome:
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.manual_seed(0)
+    whole = torch.randn(case.shape)
+    x = distribute_tensor(whole, mesh, placements_of(case.placement))
+    fn = case.fn
+    if mode is not None:
+        backend, dynamic = mode
+        torch._dynamo.reset()
+        fn = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
+    outcome = Outcome(case.id, mode_name(mode), ran=False, expected=case.expected)
+    try:
+        out = fn(x)
+        full = out.full_tensor()
+    except Exception as err:  # the outcome records what PyTorch raised; the parent asserts
+        outcome.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+        return outcome
+    outcome.ran = True
+    outcome.placement = describe(out.placements)
+    outcome.matches = bool(torch.equal(full, case.fn(whole)))
+    return outcome
+
+
+def run_battery(register: bool, modes_of: Callable[[Case], Sequence[Mode]]) -> list[Outcome]:
+    """Every case in the modes ``modes_of(case)``, with or without register()."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if register:
+        fxviews.dtensor.register()
+    try:
+        return [run_case(case, mode, mesh) for case in CASES for mode in modes_of(case)]
+    finally:
+        fxviews.dtensor.unregister()
+
+
+def pytorch_errors(x: Any) -> tuple[str, str]:
+    """What PyTorch says to an ``as_strided`` window and an ``unfold`` of ``x`` ("" if it runs)."""
+    said = []
+    for call in (column_windows, unfold_columns):
+        try:
+            call(x)
+            said.append("")
+        except Exception as err:  # recorded for the parent to compare
+            said.append(str(err).strip().splitlines()[0])
+    return said[0], said[1]
+
+
+def registration_checks() -> dict[str, Any]:
+    """register()/unregister() and their effects on DTensor's tables, errors and the log."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    import fxviews
+    from fxviews.passes import torch_internals as internals
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = distribute_tensor(torch.randn(8, 7), mesh, placements_of("S0"))
+    handlers = internals.dtensor_op_handlers()
+    propagator = internals.dtensor_sharding_propagator()
+    aten = torch.ops.aten
+    backwards = (aten.unfold_backward.default, aten.diagonal_backward.default)
+    ops = (aten.unfold.default, aten.diagonal.default, *backwards)
+
+    def tables() -> list[Any]:
+        return [
+            handlers.get(aten.as_strided.default),
+            *(propagator.op_strategy_funcs.get(op) for op in ops),
+            *(propagator.op_to_schema_info.get(op) for op in ops),
+            *(propagator.op_to_shape_and_stride_idx.get(op) for op in backwards),
+        ]
+
+    errors_before = pytorch_errors(x)
+    before = tables()  # after PyTorch's own dispatch, which fills in some entries on first use
+    fxviews.dtensor.register()
+    once = tables()
+    fxviews.dtensor.register()
+    twice, registered = tables(), fxviews.dtensor.is_registered()
+    errors_during = pytorch_errors(x)
+    with captured_fxviews_log() as log:
+        for _ in range(2):
+            row_windows(x)  # crosses the sharded dim: one message for both calls
+        column_windows(x)  # leaves it alone: none
+    try:
+        x.as_strided((8, 8), (7, 1))
+        refusal = ("", "")
+    except Exception as err:  # its type and text are what the parent checks
+        refusal = (type(err).__name__, str(err))
+    fxviews.dtensor.unregister()
+    fxviews.dtensor.unregister()
+    after = tables()
+    return {
+        "registered": registered,
+        "changed": [a is not b for a, b in zip(before, once, strict=True)],
+        "twice_is_once": all(a is b for a, b in zip(once, twice, strict=True)),
+        "restored": [a is b for a, b in zip(before, after, strict=True)],
+        "unregistered": not fxviews.dtensor.is_registered(),
+        "errors_before": errors_before,
+        "errors_during": errors_during,
+        "errors_after": pytorch_errors(x),
+        "log": log,
+        "refusal": refusal,
+    }
+
+
+#: Gradient cases: (name, request on a (4, 6, 6) input, {input placement: output placement}).
+GRADIENT_CASES = (
+    ("windows", ((4, 5, 2, 6), (36, 6, 6, 1)), {"S0": "S0", "S2": "S3"}),
+    ("diagonal", ((4, 6), (36, 7)), {"S0": "S0", "S2": "R"}),
+)
+
+
+def gradient_checks() -> list[tuple[str, str, str, bool]]:
+    """Gradients through fxviews.as_strided on a DTensor against torch.as_strided's on the
+    whole (contiguous) tensor: (case, input placement, output placement, grads equal)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    whole = torch.randn(4, 6, 6)
+    reference = whole.clone().requires_grad_()
+    found = []
+    for name, request, placements in GRADIENT_CASES:
+        reference.grad = None
+        (torch.as_strided(reference, *request) ** 2).sum().backward()
+        for placement in placements:
+            x = distribute_tensor(whole, mesh, placements_of(placement)).requires_grad_()
+            out = fxviews.as_strided(x, *request)
+            (out**2).sum().backward()
+            grads_equal = torch.allclose(x.grad.full_tensor(), reference.grad)
+            found.append((name, placement, describe(out.placements), grads_equal))
+    return found
+
+
+def case_modes(case: Case) -> Sequence[Mode]:
+    return case.modes
+
+
+def eager_only(case: Case) -> Sequence[Mode]:
+    return (EAGER,)
+
+
+@dataclass(frozen=True)
+class WorldJob:
+    """What a test world runs: the registration checks, then the battery in ``modes_of``."""
+
+    modes_of: Callable[[Case], Sequence[Mode]]
+
+    def __call__(self) -> dict[str, Any]:
+        import fxviews
+
+        checks = registration_checks()
+        outcomes = run_battery(True, self.modes_of)
+        fxviews.dtensor.register()
+        try:
+            gradients = gradient_checks()
+        finally:
+            fxviews.dtensor.unregister()
+        return {"checks": checks, "outcomes": outcomes, "gradients": gradients}
+
+
+# --------------------------------------------------------------------------------------------
+# Worlds of processes
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    job: Callable[[], Any],
+    results: Any,
+    sys_path: list[str],
+) -> None:
+    sys.path[:] = sys_path
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # A compile cache of its own per rank: ranks of one machine sharing PyTorch's (2.13) handed
+    # a rank the graph compiled for another rank's uneven shard ("expected size 3==4" at run
+    # time, then a collective the other rank never joins).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"fxviews-tests-inductor-rank-{rank}-of-{world}"
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    # A collective one rank never reaches fails after 5 minutes instead of hanging the test
+    # (long enough for one rank to compile while the other waits, on a loaded machine).
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+    )
+    try:
+        value = job()
+        answer = ("ok", value)
+    except Exception:
+        answer = ("error", traceback.format_exc())
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        results.put(answer)
+
+
+def in_world(world: int, job: Callable[[], Any], timeout: float = 600) -> Any:
+    """``job()`` on every rank of a fresh gloo world of ``world`` CPU processes; rank 0's
+    result. ``job`` must be a module-level callable (it is pickled into spawned processes)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.SimpleQueue()
+    port = free_port()
+    processes = [
+        context.Process(target=_worker, args=(rank, world, port, job, results, list(sys.path)))
+        for rank in range(world)
+    ]
+    for p in processes:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in processes if p.is_alive()]
+    for p in alive:
+        p.kill()
+    if alive or results.empty():
+        codes = [p.exitcode for p in processes]
+        raise RuntimeError(f"world of {world} did not finish (exit codes {codes})")
+    status, value = results.get()
+    if status != "ok":
+        raise RuntimeError(f"rank 0 failed:\n{value}")
+    return value
+
+
+@contextlib.contextmanager
+def captured_fxviews_log() -> Iterator[list[str]]:
+    """Messages the ``fxviews`` logger emits inside the block."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Keep()
+    logger = logging.getLogger("fxviews")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def measure(world: int = 2) -> None:
+    """Print how many (case, mode) pairs run, and run right, without and with register().
+
+    One world per mode and setting: compiled cases run in a fresh world for each compiler."""
+    for register in (False, True):
+        outcomes = [o for mode in ALL_MODES for o in in_world(world, _MeasureJob(register, mode))]
+        right = [o for o in outcomes if o.ran and o.matches and o.placement == o.expected]
+        ran = [o for o in outcomes if o.ran]
+        label = "fxviews.dtensor.register()" if register else "PyTorch alone"
+        print(
+            f"{label}: {len(ran)} of {len(outcomes)} run, {len(right)} with the expected "
+            f"placement and values (world {world}, {len(CASES)} cases x {len(ALL_MODES)} modes)"
+        )
+        for o in outcomes if register else ():
+            if not (o.ran and o.matches and o.placement == o.expected):
+                print(f"    {o.case} {o.mode}: {o.error or o.placement}")
+
+
+@dataclass(frozen=True)
+class _MeasureJob:
+    register: bool
+    mode: Mode
+
+    def __call__(self) -> list[Outcome]:
+        return run_battery(self.register, lambda case: (self.mode,))
+
+
+if __name__ == "__main__":
+    measure()

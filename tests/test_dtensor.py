@@ -1,0 +1,158 @@
+"""fxviews.dtensor in real gloo worlds of 2 and 4 CPU processes (see tests/dtensor_battery.py).
+
+Each world is spawned once per module and runs every check and case inside (the world of 4
+eagerly only: four processes compile slowly on a small machine); the tests below
+assert rank 0's results: ``full_tensor()`` equal to the function on the whole tensor, the output
+placement written by hand per case, PyTorch's own behaviour before register() and after
+unregister(), the refusal of a request outside the tensor, and the redistribution message.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+from tests import dtensor_battery as battery
+
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+PYTORCH_AS_STRIDED_ERROR = "as_strided not supported with DTensor"
+PYTORCH_UNFOLD_ERROR = "Operator aten.unfold.default does not have a sharding strategy registered"
+
+
+@pytest.fixture(scope="module")
+def world_2():
+    return battery.in_world(2, battery.WorldJob(battery.case_modes))
+
+
+@pytest.fixture(scope="module")
+def world_4():
+    return battery.in_world(4, battery.WorldJob(battery.eager_only))
+
+
+def _params(modes_of):
+    return [
+        pytest.param(case, mode, id=f"{case.id}-{battery.mode_name(mode)}")
+        for case in battery.CASES
+        for mode in modes_of(case)
+    ]
+
+
+def _outcome(world, case, mode):
+    (outcome,) = [
+        o for o in world["outcomes"] if o.case == case.id and o.mode == battery.mode_name(mode)
+    ]
+    return outcome
+
+
+def _check(outcome, case, mode):
+    if mode in case.upstream:
+        assert not outcome.ran and battery.INDUCTOR_DYNAMIC_BUG in outcome.error, (
+            f"PyTorch's own failure here is gone or changed: {outcome}"
+        )
+        return
+    assert outcome.ran, outcome.error
+    assert outcome.matches, "full_tensor() differs from the function on the whole tensor"
+    assert outcome.placement == case.expected
+
+
+@pytest.mark.parametrize(("case", "mode"), _params(battery.case_modes))
+def test_world_of_2(world_2, case, mode):
+    _check(_outcome(world_2, case, mode), case, mode)
+
+
+@pytest.mark.parametrize(("case", "mode"), _params(battery.eager_only))
+def test_world_of_4(world_4, case, mode):
+    _check(_outcome(world_4, case, mode), case, mode)
+
+
+def test_pytorch_alone_refuses_as_strided_and_unfold(world_2):
+    as_strided_error, unfold_error = world_2["checks"]["errors_before"]
+    assert PYTORCH_AS_STRIDED_ERROR in as_strided_error
+    assert PYTORCH_UNFOLD_ERROR in unfold_error
+
+
+def test_register_installs_the_handler_and_strategies_and_twice_is_once(world_2):
+    checks = world_2["checks"]
+    assert checks["registered"]
+    # the handler; strategies and cache keys of unfold, diagonal and their backwards; the shape
+    # arguments of the backwards
+    assert checks["changed"] == [True] * 11
+    assert checks["twice_is_once"]
+    assert checks["errors_during"] == ("", "")
+
+
+def test_unregister_restores_pytorch_exactly(world_2):
+    checks = world_2["checks"]
+    assert checks["restored"] == [True] * 11  # the very objects DTensor had, or still absent
+    assert checks["unregistered"]
+    assert checks["errors_after"] == checks["errors_before"]
+
+
+def test_a_request_outside_the_tensor_is_refused_naming_its_geometry(world_2):
+    kind, message = world_2["checks"]["refusal"]
+    assert kind == "AsStridedRequestError"
+    assert "sizes=[8, 8] strides=[7, 1] offset=0" in message
+    assert "sizes=[8, 7] strides=[7, 1] offset=0" in message  # the global tensor
+    assert "does not expose" in message
+
+
+def test_crossing_the_sharded_dim_is_said_once(world_2):
+    log = world_2["checks"]["log"]
+    assert len(log) == 1, log
+    assert "redistributed" in log[0] and "Shard(dim=0)" in log[0] and "unfold" in log[0]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize(("name", "placements"), [(n, p) for n, _, p in battery.GRADIENT_CASES])
+def test_gradients_through_fxviews_as_strided(world_2, world_4, world_size, name, placements):
+    world = world_2 if world_size == 2 else world_4
+    found = {(p, out): equal for n, p, out, equal in world["gradients"] if n == name}
+    assert found == {(p, out): True for p, out in placements.items()}
+
+
+def test_fxviews_dtensor_is_imported_on_first_use():
+    code = (
+        "import sys, fxviews; assert 'fxviews.consumers.dtensor' not in sys.modules; "
+        "fxviews.dtensor.register; assert 'fxviews.consumers.dtensor' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "shape", "dims"),
+    [
+        ("unfold", (1, 3, 1), (4, 6), {1}),
+        ("select", (0, 2), (4, 6), {0}),
+        ("slice", (2, 1, 5, 2), (4, 6, 6), {2}),
+        ("diagonal", (0, 1, 2), (4, 5, 5), {1, 2}),
+        ("view", ([4, 2, 3],), (4, 6), {1}),  # splits dim 1 only
+        ("view", ([4, 36],), (4, 6, 6), {1, 2}),  # merges dims 1 and 2
+        ("view", ([4, 3, 2, 6],), (4, 6, 6), {1}),
+        ("expand", ([3, 4, 6],), (1, 4, 6), {0}),
+        ("permute", ([1, 0],), (4, 6), set()),
+        ("unsqueeze", (0,), (4, 6), set()),
+    ],
+)
+def test_the_dims_a_step_reindexes(op, args, shape, dims):
+    import torch
+
+    from fxviews.consumers.dtensor import reindexed_dims
+    from fxviews.passes.chain import ViewStep
+
+    overload = {
+        "unfold": torch.ops.aten.unfold.default,
+        "select": torch.ops.aten.select.int,
+        "slice": torch.ops.aten.slice.Tensor,
+        "diagonal": torch.ops.aten.diagonal.default,
+        "view": torch.ops.aten.view.default,
+        "expand": torch.ops.aten.expand.default,
+        "permute": torch.ops.aten.permute.default,
+        "unsqueeze": torch.ops.aten.unsqueeze.default,
+    }[op]
+    assert reindexed_dims(ViewStep(overload, args), shape) == dims
