@@ -104,8 +104,8 @@ def transform(
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
     relative to the layout its input had when traced: fresh and contiguous.
 
-    Tracing is fake mode first and real mode where PyTorch's fake mode cannot run ``fn``
-    (forward AD through normalization layers, for instance); see :func:`fxviews.trace`. Where
+    Tracing is in fake mode (forward AD through normalization layers included), with real
+    mode kept for known fake-mode failures; see :func:`fxviews.trace`. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
     from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
     that signature, as ``torch.compile`` does at a graph break: it warns once through the

@@ -174,6 +174,8 @@ def _aten_overload(name: str) -> OpOverload:
 has_same_storage_numel = _aten_overload("_has_same_storage_numel")
 # dtype/device conversion; to the meta device it is a dead copy hygiene removes. 1.10.
 to_copy = _aten_overload("_to_copy")
+# Forward AD's zero tangent of an input without one (a memoryless ZeroTensor). 1.11.
+efficient_zero_tensor = _aten_overload("_efficientzerotensor")
 # Merging views the reshape step turns into reshape (_unsafe_view 1.0, _reshape_alias 1.11).
 unsafe_view = _aten_overload("_unsafe_view")
 reshape_alias = _aten_overload("_reshape_alias")
@@ -344,6 +346,7 @@ BOUND_NAMES = (
     "CompileContext",
     "has_same_storage_numel",
     "to_copy",
+    "efficient_zero_tensor",
     "unsafe_view",
     "reshape_alias",
     "flash_attention_cpu",
