@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from fxviews.passes.torch_internals import OpOverload, op_schema, pytree
+from fxviews.passes.torch_internals import OpOverload, local_scalar_dense, op_schema, pytree
 
 __all__ = ["keep_item_values_as_tensors"]
 
@@ -55,7 +55,7 @@ def keep_item_values_as_tensors(gm: torch.fx.GraphModule) -> int:
     """
     replaced = 0
     for node in list(gm.graph.nodes):
-        if node.target is not _aten._local_scalar_dense.default or not node.users:
+        if node.target is not local_scalar_dense or not node.users:
             continue
         source = node.args[0]
         stand_in_value = _detached_value(source)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
 
 import fxviews
+from fxviews.tracing import TRACED_WITH
 from tests.reference import assert_tree_close
 
 BATCH = 3
@@ -533,6 +534,13 @@ def test_the_as_strided_case_is_traced_in_fake_mode_and_rewritten() -> None:
     result = fxviews.explain(program.fn, *args)
     assert result.traced_with == "fake mode"
     assert [r.method for r in result.records] == ["provenance"]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_every_program_traces_once_in_fake_mode(program: Program) -> None:
+    """Forward AD through normalization layers included: no fake attempt fails first."""
+    gm = fxviews.trace(program.fn, *program.sample(0))
+    assert gm.meta[TRACED_WITH] == "fake mode"
 
 
 @pytest.mark.parametrize("program, bd", CASES)
