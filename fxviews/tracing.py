@@ -13,9 +13,11 @@ Note [One tracing path]
    and shapes or Python numbers computed from tensor values, are errors of their own kind
    (:class:`TracingError` with ``cause``): a graph cannot capture them, and a real-mode trace
    would silently bake the example's branch or sizes in.
-3. **Real mode where fake mode falls short.** PyTorch's fake mode cannot run some programs that
-   eager runs: forward AD through ``layer_norm``/``batch_norm`` (a meta/cpu device mismatch,
-   internal asserts on ``_fw_primal``/``_make_dual``), ops without a meta kernel. For those,
+3. **Real mode where fake mode falls short.** Forward AD's zero tangents used to be such a
+   case (a meta/cpu device mismatch through ``layer_norm``/``batch_norm``/``group_norm``); fake
+   mode now runs them (Note [Zero tangents in fake mode]). What is left is an allowlist of
+   fake-mode failures a real trace is known to get past (:func:`_is_fake_mode_limitation`),
+   kept as a safety net: no program fxviews knows of reaches it any more. For those,
    make_fx runs again in real mode on fresh real tensors of the same layouts, under a guard
    that refuses every data-dependent op (so step 2 still holds), restores whatever the trace
    wrote outside its own tensors (closed-over buffers) and leaves the random number generator
@@ -55,6 +57,7 @@ from fxviews.passes.torch_internals import (
     ShapeEnv,
     TorchDispatchMode,
     disable_current_modes,
+    efficient_zero_tensor,
     force_original_view_tracking,
     get_unwrapped,
     has_storage,
@@ -118,9 +121,10 @@ def trace(
     ``args`` are example tensors (real or fake), read with their exact layouts: every node
     records ``meta["val"]`` as it was, storage offset included, so :func:`fxviews.rewrite` can
     read each as_strided relative to its input. ``fn`` may be an ``nn.Module`` or close over
-    real tensors (parameters, buffers): the graph holds them by reference. Where PyTorch's fake
-    mode cannot run ``fn`` (forward AD through normalization layers, for instance), ``fn`` is
-    traced in real mode on copies of ``args`` (see ``gm.meta["fxviews_traced_with"]``).
+    real tensors (parameters, buffers): the graph holds them by reference. Tracing is in fake
+    mode, forward AD through normalization layers included; after a known fake-mode failure
+    ``fn`` is traced in real mode on copies of ``args`` (``gm.meta["fxviews_traced_with"]``
+    says which).
 
     ``view_replay=True`` traces under PyTorch's own view replay
     (``torch.autograd._force_original_view_tracking(True)``), which makes autograd replay the
@@ -169,7 +173,8 @@ def capture(
         fake_args = _fake_examples(args, mode, fresh)
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
-                gm = _make_fx_guarded(call, fake_args, "fake", _TraceGuard(fake_args))
+                guard = _TraceGuard(fake_args, dense_zero_tangents=True)
+                gm = _make_fx_guarded(call, fake_args, "fake", guard)
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = "fake mode"
             return gm
@@ -239,6 +244,25 @@ def _view_replay(enabled: bool) -> Iterator[None]:
 
 
 # --- fake mode -------------------------------------------------------------------------------
+
+# Note [Zero tangents in fake mode]
+# ---------------------------------
+# Forward AD gives an input without a tangent (a closed-over LayerNorm weight, a BatchNorm
+# bias) a zero tangent made by ``aten._efficientzerotensor``: a memoryless tensor with the
+# ZeroTensor dispatch key. ZeroTensor registers a C++ kernel of its own for ``view`` (which
+# ``reshape`` uses), run *before* the Python key, so on a fake zero tensor it builds a
+# plain tensor on the meta device (not a FakeTensor) that fake mode never sees. Every op the
+# tangent formula then runs on it (``_affine_jvp``'s ``input_p * weight_t`` in layer_norm_jvp,
+# batch_norm_jvp, group_norm_jvp) fails with "Expected all tensors to be on the same device
+# ... meta and cpu", or records ``_to_copy(device=meta)`` nodes the graph would return.
+#
+# While tracing in fake mode, ``_TraceGuard`` answers ``_efficientzerotensor`` with
+# ``aten.zeros`` of the same size, dtype and device: the same values, as an ordinary tensor
+# whose views go through fake mode. The formulas test ``_is_zerotensor()`` only to skip work,
+# and take their out-of-place path on fakes anyway (they are tensor-subclass-like), so the
+# graph computes the same tangents eager does; it records the zeros and the products with
+# them, where eager's ZeroTensor kernels skip them (elementwise work on the parameters'
+# shapes, broadcast over the activations).
 
 
 @contextlib.contextmanager
@@ -506,11 +530,21 @@ class _TraceGuard(TorchDispatchMode):
     storage the trace did not create snapshots it, and :meth:`restore_foreign_writes` puts the
     bytes back. In a real-mode trace, ``refuse_data_dependent`` also stops at every op whose
     result depends on tensor values (a real trace would bake the example's).
+
+    ``dense_zero_tangents`` (fake mode) makes forward AD's zero tangents ordinary zeros, see
+    Note [Zero tangents in fake mode].
     """
 
-    def __init__(self, inputs: Sequence[Any], *, refuse_data_dependent: bool = False) -> None:
+    def __init__(
+        self,
+        inputs: Sequence[Any],
+        *,
+        refuse_data_dependent: bool = False,
+        dense_zero_tangents: bool = False,
+    ) -> None:
         super().__init__()
         self._refuse_data_dependent = refuse_data_dependent
+        self._dense_zero_tangents = dense_zero_tangents
         self._owned: set[int] = set()
         self._own(inputs)
         self._saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
@@ -525,6 +559,8 @@ class _TraceGuard(TorchDispatchMode):
         data_dependent = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
         if self._refuse_data_dependent and any(tag in tags for tag in data_dependent):
             raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+        if self._dense_zero_tangents and func is efficient_zero_tensor:
+            func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
         for written in _written_tensors(func, args, kwargs):
             self._snapshot_if_foreign(written)
         out = func(*args, **kwargs)

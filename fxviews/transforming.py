@@ -54,6 +54,7 @@ from fxviews.passes.torch_internals import (
 from fxviews.printouts import logger, report_rewrite
 from fxviews.rebuilding import Rebuilder, output_rebuilder
 from fxviews.rewriting import rewrite
+from fxviews.scalar_values import keep_item_values_as_tensors
 from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock
 
 __all__ = ["CacheInfo", "explain", "transform"]
@@ -104,8 +105,8 @@ def transform(
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
     relative to the layout its input had when traced: fresh and contiguous.
 
-    Tracing is fake mode first and real mode where PyTorch's fake mode cannot run ``fn``
-    (forward AD through normalization layers, for instance); see :func:`fxviews.trace`. Where
+    Tracing is in fake mode (forward AD through normalization layers included), with real
+    mode kept for known fake-mode failures; see :func:`fxviews.trace`. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
     from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
     that signature, as ``torch.compile`` does at a graph break: it warns once through the
@@ -346,6 +347,8 @@ class _GraphCache:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             tensors = [leaves[i] for i in positions]
             gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
+            if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
+                gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict)
         report_rewrite(result, source=f"transform({name})")
         return _Entry(

@@ -37,13 +37,19 @@ def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
     Left to the dispatch: inputs that require grad (the dispatch returns a non-leaf with a
     grad_fn), fake constants (the dispatch computes the op on the constant too), symbolic
     geometry (the meta kernel would guard on it), and ops outside :data:`LAYOUT_VIEWS`.
-    tests/test_fake_values.py compares both values on the differential corpus.
+    ``reshape`` (the reshape step emits one per view it frees) returns exactly the ``view`` of
+    its input wherever the input's layout admits that view: the ``view`` kernel runs, and only
+    where it refuses (reshape would copy) the dispatch decides. tests/test_fake_values.py
+    compares both values on the differential corpus.
 
     Example::
 
         >>> fake_view_value(aten.select.int, fake_8x8, 0, 1).stride()
         (1,)
     """
+    copies_where_view_fails = op is _reshape
+    if copies_where_view_fails:
+        op = _view
     if not isinstance(op, OpOverload) or op not in LAYOUT_VIEWS:
         return None
     if type(val) is not FakeTensor or val.requires_grad or val.constant is not None:
@@ -52,10 +58,18 @@ def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
     if not all(type(v) is int for v in geometry) or not _is_static(args):
         return None
     with no_dispatch():
-        out = op(val, *args)
+        try:
+            out = op(val, *args)
+        except RuntimeError:
+            if copies_where_view_fails:
+                return None  # not viewable: reshape copies, the dispatch says how
+            raise
     if isinstance(out, torch.Tensor):
         return FakeTensor(val.fake_mode, out, val.device)
     return [FakeTensor(val.fake_mode, t, val.device) for t in out]  # split-like views: a list
+
+
+_reshape, _view = torch.ops.aten.reshape.default, torch.ops.aten.view.default
 
 
 def _is_static(args: Sequence[Any]) -> bool:

@@ -174,6 +174,10 @@ def _aten_overload(name: str) -> OpOverload:
 has_same_storage_numel = _aten_overload("_has_same_storage_numel")
 # dtype/device conversion; to the meta device it is a dead copy hygiene removes. 1.10.
 to_copy = _aten_overload("_to_copy")
+# Forward AD's zero tangent of an input without one (a memoryless ZeroTensor). 1.11.
+efficient_zero_tensor = _aten_overload("_efficientzerotensor")
+# ``Tensor.item()`` as make_fx records it: a 0-dim tensor's value as a Python number. 1.9.
+local_scalar_dense = _aten_overload("_local_scalar_dense")
 # Merging views the reshape step turns into reshape (_unsafe_view 1.0, _reshape_alias 1.11).
 unsafe_view = _aten_overload("_unsafe_view")
 reshape_alias = _aten_overload("_reshape_alias")
@@ -373,6 +377,8 @@ BOUND_NAMES = (
     "CompileContext",
     "has_same_storage_numel",
     "to_copy",
+    "efficient_zero_tensor",
+    "local_scalar_dense",
     "unsafe_view",
     "reshape_alias",
     "flash_attention_cpu",

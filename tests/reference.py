@@ -35,6 +35,7 @@ __all__ = [
     "Sample",
     "as_strided_nodes",
     "assert_tree_close",
+    "assert_vmap_matches_per_sample",
     "in_dims_sweep",
     "in_dims_id",
     "make_samples",
@@ -227,6 +228,22 @@ def assert_tree_close(
             atol=atol,
             msg=lambda m, position=position: f"{msg}: output leaf {position}: {m}",
         )
+
+
+def assert_vmap_matches_per_sample(
+    batched_fn: Callable[..., Any],
+    fn: Callable[..., Any],
+    samples: Sequence[Sample],
+    batch_dims: Sequence[int] = (0, 1, -1),
+    **tolerance: float,
+) -> None:
+    """``vmap(batched_fn)`` with every argument's batch dim physically at each of
+    ``batch_dims`` equals ``fn`` run eagerly one sample at a time."""
+    expected = per_sample_reference(fn, samples)
+    for bd in batch_dims:
+        in_dims = (bd,) * len(samples[0])
+        actual = torch.func.vmap(batched_fn, in_dims=in_dims)(*stack_batched(samples, in_dims))
+        assert_tree_close(actual, expected, msg=f"batch dim {bd}", **tolerance)  # type: ignore[arg-type]
 
 
 def _tuples_to_lists(tree: Any) -> Any:

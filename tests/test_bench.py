@@ -27,7 +27,11 @@ FAST_ROWS = ("vmap", "graph", "overhead")
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``--quick`` tinier still: one repeat, short loops, a 1k-node graph only."""
     monkeypatch.setattr(
-        cli, "QUICK", settings.Settings(1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20)
+        cli,
+        "QUICK",
+        settings.Settings(
+            1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20, models=("mobilenet",)
+        ),
     )
 
 
@@ -102,6 +106,19 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     assert compiled["fxviews (eager)"]["engine_s"] > 0
     assert compiled["aot_eager"]["break_even"] not in ("", "(base)")
     assert compiled["inductor"]["steady_s"] is None and "quick" in compiled["inductor"]["note"]
+    # Row 8: each program of the model measured on every path that runs it, then the medians.
+    models = rows["models"]
+    assert [(line["model"], line["program"]) for line in models] == [
+        ("mobilenet", "grads"),
+        ("mobilenet", "jvp"),
+        ("median", ""),
+    ]
+    for line in models[:-1]:
+        assert line["tf_first_s"] > 0 and line["eager_first_s"] > 0 and line["tf/eager"] > 0
+        assert 0 < line["share_%"] < 100
+        assert (line["aot/eager first"] is None) == ("aot: n/a" in line["note"])
+    steady = [line["tf/eager"] for line in models[:-1]]
+    assert models[-1]["tf/eager"] == pytest.approx(sum(steady) / 2)  # the median of two
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 

@@ -91,6 +91,28 @@ def test_fake_view_value_equals_the_dispatched_value(op, dtype) -> None:
     assert_same_fake(fake_view_value(op, x, *args), op(x, *args), str(op))
 
 
+@pytest.mark.parametrize(
+    "shape", [[4, 2, 3], [24], [-1], [2, 2, 6]], ids=["split", "flat", "inferred", "regroup"]
+)
+def test_reshape_takes_the_view_value_where_the_layout_admits_it(shape) -> None:
+    """Rows 7 apart: splitting a dim is a view; flattening the rows together is not, and is
+    left to the dispatch (reshape copies there)."""
+    mode = FakeTensorMode()
+    mode.cache_enabled = False
+    x = base_in(mode)
+    value = fake_view_value(aten.reshape.default, x, shape)
+    if shape in ([4, 2, 3], [2, 2, 6]):
+        assert_same_fake(value, aten.reshape.default(x, shape), "reshape")
+    else:
+        assert value is None
+    contiguous = base_in(mode).contiguous()
+    assert_same_fake(
+        fake_view_value(aten.reshape.default, contiguous, shape),
+        aten.reshape.default(contiguous, shape),
+        "reshape of a contiguous tensor",
+    )
+
+
 def test_values_the_dispatch_must_compute_are_left_to_it() -> None:
     mode = FakeTensorMode()
     x = base_in(mode)

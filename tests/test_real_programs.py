@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
 
 import fxviews
+from fxviews.tracing import TRACED_WITH
 from tests.reference import assert_tree_close
 
 BATCH = 3
@@ -176,8 +177,8 @@ class BoxDecoder(nn.Module):
 
 
 class NormMLP(nn.Module):
-    """LayerNorm with weight, GELU, and an eval-mode BatchNorm: the blocks forward AD fails on
-    in PyTorch's fake mode."""
+    """LayerNorm with weight, GELU, and an eval-mode BatchNorm: the blocks whose forward AD
+    PyTorch's fake mode fails on (Note [Zero tangents in fake mode] in fxviews.tracing)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -315,8 +316,9 @@ def _norm_hessian() -> Program:
 
 
 def _jvp_view_then_norm() -> Program:
-    """The as_strided case and the fake-mode limitation at once: a view of a base overwritten
-    in place (forward AD gives the view its tangent through as_strided), then LayerNorm."""
+    """The as_strided case and forward AD through LayerNorm at once: a view of a base
+    overwritten in place (forward AD gives the view its tangent through as_strided), then
+    LayerNorm."""
     norm = _init(nn.LayerNorm(6), seed=14)
 
     def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,12 +528,19 @@ BATCH_DIMS = [0, 1, -1]
 CASES = [pytest.param(p, bd, id=f"{p.name}-bd={bd}") for p in PROGRAMS for bd in BATCH_DIMS]
 
 
-def test_the_as_strided_case_is_traced_in_real_mode_and_rewritten() -> None:
+def test_the_as_strided_case_is_traced_in_fake_mode_and_rewritten() -> None:
     program = _jvp_view_then_norm()
     args = program.sample(0)
     result = fxviews.explain(program.fn, *args)
-    assert result.traced_with is not None and result.traced_with.startswith("real mode")
+    assert result.traced_with == "fake mode"
     assert [r.method for r in result.records] == ["provenance"]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_every_program_traces_once_in_fake_mode(program: Program) -> None:
+    """Forward AD through normalization layers included: no fake attempt fails first."""
+    gm = fxviews.trace(program.fn, *program.sample(0))
+    assert gm.meta[TRACED_WITH] == "fake mode"
 
 
 @pytest.mark.parametrize("program, bd", CASES)
@@ -561,9 +570,9 @@ def _runs_under(program: Program, bd: int, backend: str) -> bool:
 
 
 # Forward AD through normalization layers under torch.compile: on torch 2.13 Dynamo's fake-tensor
-# propagation fails before any backend sees a graph (the fake-mode limitation fxviews' own
-# tracer gets past with a real-mode trace); on 2.15 it sometimes runs and sometimes leaves
-# functorch's dispatch keys excluded for the rest of the process. Not a backend's to fix:
+# propagation fails before any backend sees a graph (the zero-tangent limitation fxviews' own
+# tracer gets past, Note [Zero tangents in fake mode]); on 2.15 it sometimes runs and sometimes
+# leaves functorch's dispatch keys excluded for the rest of the process. Not a backend's to fix:
 # `transform` covers these programs (above), and the README says to use it for them.
 _FORWARD_AD_THROUGH_NORMS = {
     "jvp_norm_mlp",

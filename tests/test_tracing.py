@@ -13,11 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import grad, jacfwd, jvp, vmap
+from torch.func import grad, hessian, jacfwd, jvp, vmap
 
 import fxviews
 from fxviews.tracing import TRACED_WITH
-from tests.reference import assert_tree_close
+from tests.reference import (
+    assert_tree_close,
+    assert_vmap_matches_per_sample,
+    make_samples,
+)
 
 WEIGHT, BIAS = torch.randn(3), torch.randn(3)
 
@@ -47,7 +51,24 @@ def _eager_still_works() -> None:
     torch.testing.assert_close(vmap(grad(lambda a: a.pow(2).sum()))(x), 2 * x)
 
 
-def test_forward_ad_through_layer_norm_traces_in_real_mode():
+@pytest.fixture
+def pytorch_zero_tangents(monkeypatch):
+    """Fake mode with PyTorch's own zero tangents (Note [Zero tangents in fake mode] undone).
+
+    PyTorch's fake mode then fails on forward AD through LayerNorm, as it does without
+    fxviews: the fake-mode failure the real-mode fallback is for, on a program that needs it.
+    """
+    monkeypatch.setattr(fxviews.tracing, "efficient_zero_tensor", None)
+
+
+def test_forward_ad_through_layer_norm_traces_in_fake_mode():
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+    gm = fxviews.trace(jvp_layer_norm, x, t)
+    assert gm.meta[TRACED_WITH] == "fake mode"
+    assert_tree_close(gm(x, t), jvp_layer_norm(x, t))
+
+
+def test_real_mode_takes_over_from_a_known_fake_mode_limitation(pytorch_zero_tangents):
     x, t = torch.randn(4, 3), torch.randn(4, 3)
     gm = fxviews.trace(jvp_layer_norm, x, t)
     assert gm.meta[TRACED_WITH].startswith("real mode (fake mode failed:")
@@ -57,12 +78,63 @@ def test_forward_ad_through_layer_norm_traces_in_real_mode():
     assert "traced in real mode" in str(result)
 
 
+def _norm_layers() -> dict[str, nn.Module]:
+    """Each normalization layer with random affine parameters and running statistics."""
+    torch.manual_seed(0)
+    layers = {
+        "layer_norm": nn.LayerNorm(4),
+        "batch_norm_eval": nn.BatchNorm2d(4).eval(),
+        "batch_norm_train": nn.BatchNorm2d(4, track_running_stats=False),
+        "group_norm": nn.GroupNorm(2, 4),
+        "instance_norm": nn.InstanceNorm2d(4, affine=True),
+        "rms_norm": nn.RMSNorm(4),
+    }
+    with torch.no_grad():
+        for layer in layers.values():
+            for tensor in [*layer.parameters(), *layer.buffers()]:
+                if tensor.is_floating_point():
+                    tensor.uniform_(0.5, 1.5)
+    return layers
+
+
+NORM_LAYERS = _norm_layers()
+
+
+def _norm_program(layer: nn.Module, derivative: str):
+    """``derivative`` of GELU after ``layer``, over a (2, 4, 2, 2) sample (channels moved
+    last for the layers that normalize the last dim)."""
+
+    def block(x):
+        if isinstance(layer, (nn.LayerNorm, nn.RMSNorm)):
+            return F.gelu(layer(x.movedim(1, -1)).movedim(-1, 1))
+        return F.gelu(layer(x))
+
+    if derivative == "jvp":
+        return lambda x, t: jvp(block, (x,), (t,))
+    if derivative == "jacfwd":
+        return lambda x, t: jacfwd(lambda y: block(y).sum((0, 2)))(x) * t.sum()
+    return lambda x, t: hessian(lambda y: (block(y) * t).sum())(x)
+
+
+@pytest.mark.parametrize("derivative", ["jvp", "jacfwd", "hessian"])
+@pytest.mark.parametrize("name", list(NORM_LAYERS))
+def test_forward_ad_through_norm_layers_traces_once_in_fake_mode(name, derivative):
+    """No failed fake attempt, no real trace; vmap of the transformed program at batch dims 0,
+    1 and last equals the program run eagerly one sample at a time."""
+    fn = _norm_program(NORM_LAYERS[name], derivative)
+    samples = make_samples([(2, 4, 2, 2)] * 2, batch=3, seed=len(name), dtype=torch.float32)
+    assert fxviews.trace(fn, *samples[0]).meta[TRACED_WITH] == "fake mode"
+    tf = fxviews.transform(fn, strict=True)
+    assert_vmap_matches_per_sample(tf, fn, samples, atol=1e-4, rtol=1e-4)
+    assert tf.cache_info().eager == 0
+
+
 def test_plain_functions_trace_in_fake_mode():
     gm = fxviews.trace(lambda x: x.t().contiguous(), torch.randn(2, 3))
     assert gm.meta[TRACED_WITH] == "fake mode"
 
 
-def test_real_mode_trace_keeps_exact_layouts():
+def test_real_mode_trace_keeps_exact_layouts(pytorch_zero_tangents):
     """Real mode records views at offset 0; the recomputed metadata has the true offset."""
     x = torch.randn(6, 3)[1:]  # storage offset 3
 
@@ -76,7 +148,7 @@ def test_real_mode_trace_keeps_exact_layouts():
     assert slices and slices[0].meta["val"].storage_offset() == 6
 
 
-def test_real_mode_trace_leaves_the_random_stream_alone():
+def test_real_mode_trace_leaves_the_random_stream_alone(pytorch_zero_tangents):
     def noisy_jvp(x, t):
         return jvp(lambda a: layer_norm_gelu(a) + torch.rand(3), (x,), (t,))
 
@@ -88,7 +160,7 @@ def test_real_mode_trace_leaves_the_random_stream_alone():
     assert torch.equal(after_trace, torch.rand(5))
 
 
-def test_real_mode_trace_does_not_write_closed_over_buffers():
+def test_real_mode_trace_does_not_write_closed_over_buffers(pytorch_zero_tangents):
     """The graph writes the buffer when it runs; tracing it must not write it too."""
     counter = torch.zeros(3)
 
@@ -104,7 +176,7 @@ def test_real_mode_trace_does_not_write_closed_over_buffers():
     assert torch.equal(counter, torch.ones(3))
 
 
-def test_real_mode_refuses_data_dependent_ops():
+def test_real_mode_refuses_data_dependent_ops(pytorch_zero_tangents):
     """A real trace would bake the example's nonzero count into the graph."""
 
     def f(x, t):

@@ -1,6 +1,6 @@
 """``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
 
-Seven tables, each a set of timings taken in this run with ratios beside them (ratios measured
+Eight tables, each a set of timings taken in this run with ratios beside them (ratios measured
 in one process on one machine are what compare; absolute times move with the machine). The
 timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 
@@ -17,6 +17,9 @@ timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 7. ``compiled``    ``vmap(push_jvp)`` under ``torch.compile`` (Inductor, ``aot_eager``,
                    ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
                    steady-state call, first call, and after how many calls a compile pays.
+8. ``models``      per-sample gradients and jvp of small whole models (a ViT, a ResNet, a
+                   MobileNet, ``nn.TransformerEncoder``) under ``vmap``: eager vs ``transform``
+                   vs ``aot_eager``, first call (with fxviews' share of it) and steady state.
 
 Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
 which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
@@ -28,9 +31,10 @@ path that raises prints ``n/a (error: ...)`` and makes the run exit with status 
 
 The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
 ``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7),
-``workloads`` (the functions measured), ``compile_paths`` and ``cold`` (compiled paths and
-their first calls in fresh interpreters), ``timing`` (the timers), ``report`` (cells and
-tables) and ``plots`` (``--plot``'s charts).
+``rows_models`` and ``models`` (row 8 and its models), ``workloads`` (the functions
+measured), ``compile_paths`` and ``cold`` (compiled paths and their first calls in fresh
+interpreters), ``timing`` (the timers), ``report`` (cells and tables) and ``plots``
+(``--plot``'s charts).
 """
 
 from fxviews.bench.cli import BENCHES, ROWS, add_arguments, main, run, run_rows

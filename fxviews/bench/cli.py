@@ -20,6 +20,7 @@ from fxviews.bench.compile_paths import COMPILED_BATCH
 from fxviews.bench.report import failed_paths, render
 from fxviews.bench.rows_compile import bench_compile, bench_compiled, bench_first_call
 from fxviews.bench.rows_engine import bench_pass_cost
+from fxviews.bench.rows_models import MODELS_BATCH, bench_models
 from fxviews.bench.rows_runtime import bench_graph, bench_overhead, bench_vmap
 from fxviews.bench.settings import FULL, QUICK, Settings, Table
 
@@ -47,6 +48,11 @@ BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
         f"7. vmap(push_jvp) compiled vs vmap(transform), B={COMPILED_BATCH}: steady state, "
         "first call, break-even",
         bench_compiled,
+    ),
+    "models": (
+        f"8. whole models under vmap, B={MODELS_BATCH}: per-sample grads and jvp, first "
+        "call (cpu), steady state",
+        bench_models,
     ),
 }
 

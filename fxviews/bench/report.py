@@ -126,3 +126,16 @@ SHORT_HEADERS.update(
         "first/inductor": "first/\ninductor\n(cpu)",
     }
 )
+#: Printed names of row 8's columns: first calls in CPU time, fxviews' share of transform's.
+SHORT_HEADERS.update(
+    {
+        "program": "prog",
+        "eager_first_s": "eager\nfirst",
+        "tf_first_s": "tf\nfirst",
+        "tf/eager first": "tf/\neager\nfirst",
+        "share_%": "fxviews\nshare %",
+        "aot/eager first": "aot/\neager\nfirst",
+        "tf/eager": "tf/\neager",
+        "aot/eager": "aot/\neager",
+    }
+)

@@ -24,6 +24,7 @@ class Settings:
     # alternating (0: in this process instead, compile_repeats after a warm-up).
     cold_compiles: int = 0
     big_graph_repeats: int = 1  # passes timed on row 4's 100k-node graph (seconds each)
+    models: tuple[str, ...] = ("vit", "resnet", "mobilenet", "encoder")  # row 8's models
 
 
 QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)

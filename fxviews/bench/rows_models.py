@@ -1,0 +1,140 @@
+"""The "whole models" row: per-sample gradients and jvp of small whole models under vmap.
+
+For each program of :mod:`fxviews.bench.models`, eager ``vmap(fn)``, ``vmap(transform(fn))``
+and ``torch.compile(vmap(fn), backend="aot_eager")``: the first call on a fresh function (a
+trace or compile from scratch, and one run; CPU time, median of ``compile_repeats``), the share
+of ``transform``'s first call spent in fxviews' rewrite, and the steady-state call (minimum CPU
+time over interleaved repeats). The last line holds the medians of the ratios: the goals are a
+first call within 15x eager vmap's, fxviews' share within 25% of it, and a steady state at or
+below 1.0x eager vmap.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fxviews
+from fxviews.bench.models import MODELS, build, program
+from fxviews.bench.report import ratio
+from fxviews.bench.settings import Settings, Table
+from fxviews.bench.timing import FirstCall, first_call, steady_cpu_seconds
+from fxviews.torch_state import preserved_torch_state
+
+__all__ = ["MODELS_BATCH", "bench_models"]
+
+#: Samples per batch in the row (each sample a 3x16x16 image or 16 tokens).
+MODELS_BATCH = 8
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+#: How each path runs a per-sample function on a batch.
+PATHS: dict[str, Wrap] = {
+    "eager": torch.func.vmap,
+    "tf": lambda fn: torch.func.vmap(fxviews.transform(fn)),
+    "aot": lambda fn: torch.compile(torch.func.vmap(fn), backend="aot_eager"),
+}
+
+
+def bench_models(settings: Settings) -> Table:
+    """The row: one line per model and program, then one line of median ratios."""
+    # Eager vmap runs BatchNorm and PyTorch's fused attention per sample, and says so on
+    # every call: the row measures that as it is, without printing it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*performance drop.*")
+        return _rows(settings)
+
+
+def _rows(settings: Settings) -> Table:
+    table: Table = []
+    warmed = False
+    for name in settings.models:
+        model = build(name)
+        for kind in MODELS[name].programs:
+
+            def make_fn(name: str = name, model: Any = model, kind: str = kind) -> Any:
+                return program(name, model, kind, MODELS_BATCH)[0]
+
+            args = program(name, model, kind, MODELS_BATCH)[1]
+            if not warmed:  # the process's one-time work (imports, first traces) is no row's
+                for wrap in PATHS.values():
+                    _first_calls(make_fn, wrap, args, 1)
+                warmed = True
+            table.append({"model": name, "program": kind, **_measure(make_fn, args, settings)})
+    table.append(_medians(table))
+    return table
+
+
+def _measure(
+    make_fn: Callable[[], Any], args: tuple[Any, ...], settings: Settings
+) -> dict[str, Any]:
+    first: dict[str, list[FirstCall] | str] = {}
+    for path, wrap in PATHS.items():
+        first[path] = _first_calls(make_fn, wrap, args, settings.compile_repeats)
+    cpu = {p: statistics.median(c.cpu_s for c in calls) if isinstance(calls, list) else None
+           for p, calls in first.items()}  # fmt: skip
+    tf_calls = first["tf"]
+    share = (
+        statistics.median(c.engine_s / c.cpu_s for c in tf_calls)
+        if isinstance(tf_calls, list)
+        else None
+    )
+    runnable = {p: w(make_fn()) for p, w in PATHS.items() if isinstance(first[p], list)}
+    for call in runnable.values():
+        call(*args)  # built and warm: the steady state is what is timed
+    steady = steady_cpu_seconds(
+        {p: functools.partial(call, *args) for p, call in runnable.items()}, settings
+    )
+    notes = [f"{p}: {calls}" for p, calls in first.items() if isinstance(calls, str)]
+    return {
+        "eager_first_s": cpu["eager"],
+        "tf_first_s": cpu["tf"],
+        "tf/eager first": ratio(cpu["tf"], cpu["eager"]),
+        "share_%": None if share is None else 100 * share,
+        "aot/eager first": ratio(cpu["aot"], cpu["eager"]),
+        "tf/eager": ratio(steady.get("tf"), steady.get("eager")),
+        "aot/eager": ratio(steady.get("aot"), steady.get("eager")),
+        "note": "; ".join(notes),
+    }
+
+
+def _first_calls(
+    make_fn: Callable[[], Any], wrap: Wrap, args: tuple[Any, ...], repeats: int
+) -> list[FirstCall] | str:
+    """``repeats`` first calls, or why the path cannot run the program here.
+
+    torch.compile cannot capture some of these programs at all (on torch 2.13, Dynamo's
+    fake-tensor propagation raises TorchRuntimeError on forward AD through BatchNorm and on
+    per-sample gradients through BatchNorm's functional_call): a fact of the path, reported as
+    ``n/a``, not a failure of the run.
+    """
+    # A failed Dynamo capture inside functorch leaves frames in reference cycles whose
+    # collection, whenever it comes, exits transform levels that are no longer current and
+    # breaks every later jvp of the process: they are collected here, and the state put back.
+    with preserved_torch_state():
+        try:
+            return [first_call(make_fn, wrap, args) for _ in range(repeats)]
+        except Exception:  # noqa: BLE001 - the path's limitation, stated in the note
+            pass
+        gc.collect()
+    return "n/a"
+
+
+def _medians(table: Table) -> dict[str, Any]:
+    """A line with the median of every ratio column (and of fxviews' share) over ``table``.
+
+    A path that cannot run a program (aot_eager's n/a) has no ratio there: its median is over
+    the programs it ran.
+    """
+    line: dict[str, Any] = dict.fromkeys(table[0], None)
+    line.update(model="median", program="", note="")
+    for key in ("tf/eager first", "share_%", "aot/eager first", "tf/eager", "aot/eager"):
+        values = [row[key] for row in table if row[key] is not None]
+        line[key] = statistics.median(values) if values else None
+    return line
