@@ -549,13 +549,14 @@ def _symbolic_candidates(
         yield "provenance", chain
     for base in symbolic_base_geometries(call.source, sym.source, sym.facts):
         step = symbolic_base_view_step(base, sym.facts)
-        relative = index.lookup_symbolic(base, sym.target) or synthesize_symbolic(
-            base, sym.target, sym.facts
-        )
-        if step is not None and relative is not None:
+        if step is None:
+            continue
+        provenance = index.lookup_symbolic(base, sym.target)
+        if provenance is not None:
+            yield "scatter", (step, *provenance)
+        for relative in synthesize_symbolic(base, sym.target, sym.facts):
             yield "scatter", (step, *relative)
-    chain = synthesize_symbolic(sym.source, sym.target, sym.facts)
-    if chain is not None:
+    for chain in synthesize_symbolic(sym.source, sym.target, sym.facts):
         yield "synthesized", chain
 
 
@@ -784,8 +785,7 @@ def _why_kept_symbolic(call: _Call, sym: _Symbolic) -> str:
     if at_hint is None:
         static = dataclasses.replace(call, symbolic=None)
         return f"at the trace-time sizes: {_why_kept(static)}"
-    generalized = synthesize_symbolic(sym.source, sym.target, sym.facts)
-    chain = at_hint if generalized is None else generalized
+    chain = next(synthesize_symbolic(sym.source, sym.target, sym.facts), at_hint)
     try:
         apply_symbolic(chain, sym.source, sym.facts)
         failure = "its result is not proven equal to the target for every size"

@@ -204,12 +204,23 @@ class ShapeFacts:
         if internals.statically_known_true(symbool):
             return True
         if isinstance(relation, sympy.Eq):
-            return sympy.expand(relation.lhs - relation.rhs) == 0
+            difference = sympy.expand(relation.lhs - relation.rhs)
+            return difference == 0 or (
+                self._bounded_below(difference, strict=False)
+                and self._bounded_below(-difference, strict=False)
+            )
         if isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
             low, strict = _lower_side(relation)
-            bound = internals.bound_sympy(sympy.expand(low), self.ranges)
-            return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
+            return self._bounded_below(low, strict)
         return False
+
+    def _bounded_below(self, expr: Expr, strict: bool) -> bool:
+        """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, by its bounds over
+        the value ranges, each floor division written exactly with a remainder of known range
+        (see :func:`_without_floor_divisions`)."""
+        linear, remainders = _without_floor_divisions(sympy.expand(expr))
+        bound = internals.bound_sympy(sympy.expand(linear), {**self.ranges, **remainders})
+        return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
 
     def decide(self, relation: Any) -> bool:
         """``relation``'s truth value if it is proven or refuted for every value, else raise."""
@@ -231,16 +242,19 @@ class ShapeFacts:
         return self.shape_env.suppress_guards()
 
     def points(self, symbols: Iterable[sympy.Symbol]) -> list[dict[sympy.Symbol, int]]:
-        """The hint, and a second point that moves every symbol by a different amount.
+        """The hint, and a second point that moves every symbol by a different amount and
+        keeps their order: ``s -> (k + 1) * s + i`` for the ``i``-th of ``k`` symbols.
 
-        Used to choose the form of a chain's arguments (constant, or relative to a dim's end);
-        the choice is then proven for every size, so the points need no other property.
+        Used to choose the form of a chain's arguments (constant, relative to a dim's end, a
+        graph input); the choice is then proven for every size, so the points need no other
+        property. Keeping the order keeps the hint's chain: ``s0 - s1`` stays positive.
         """
         symbols = sorted(symbols, key=str)
         hint = {s: self.hints[s] for s in symbols if s in self.hints}
         if len(hint) != len(symbols):
             return []
-        moved = {s: v + 3 + 2 * i for i, (s, v) in enumerate(hint.items())}
+        scale = len(hint) + 1
+        moved = {s: scale * v + i for i, (s, v) in enumerate(hint.items())}
         return [hint, moved]
 
 
@@ -301,6 +315,31 @@ def _lower_side(relation: Any) -> tuple[Expr, bool]:
     if isinstance(relation, (sympy.Ge, sympy.Gt)):
         return relation.lhs - relation.rhs, isinstance(relation, sympy.Gt)
     return relation.rhs - relation.lhs, isinstance(relation, sympy.Lt)
+
+
+def _without_floor_divisions(expr: Expr) -> tuple[Expr, dict[sympy.Symbol, Any]]:
+    """``expr`` with each ``FloorDiv(a, k)`` (``k`` a positive integer) replaced by the exact
+    ``(a - r) / k`` for a fresh remainder ``r`` in ``[0, k - 1]``, and those remainders' ranges.
+
+    Bounding the result bounds ``expr``: ``2*((s + 1)//2) - 1 <= s`` becomes ``s - r <= s``,
+    which holds for every ``r >= 0``, where interval arithmetic on ``(s + 1)//2`` alone loses
+    the relation between the two sides.
+    """
+    remainders: dict[sympy.Symbol, Any] = {}
+    while True:
+        innermost = [
+            d
+            for d in expr.atoms(internals.FloorDiv)
+            if not any(a.atoms(internals.FloorDiv) for a in d.args)
+        ]
+        divisions = [d for d in innermost if d.args[1].is_Integer and d.args[1] > 0]
+        if not divisions:
+            return expr, remainders
+        for division in divisions:
+            numerator, divisor = division.args
+            remainder = sympy.Dummy("r", integer=True)
+            remainders[remainder] = internals.ValueRanges(0, int(divisor) - 1)
+            expr = expr.xreplace({division: (numerator - remainder) / divisor})
 
 
 def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:

@@ -36,6 +36,7 @@ import sympy
 import torch
 from sympy import Expr
 
+from . import torch_internals as internals
 from .chain import ViewStep
 from .chain_verification import verify_chain
 from .op_tables import LAYOUT_VIEWS
@@ -69,6 +70,18 @@ class _View:
         if not isinstance(d, int) or isinstance(d, bool) or not -n <= d < max(n, 1):
             raise Unproven(f"dim {d!r} out of range")
         return d % max(n, 1)
+
+    def dim_at(self, d: int) -> tuple[Expr, Expr]:
+        """The size and stride of dim ``d``."""
+        return self.sizes[d], self.strides[d]
+
+    def size_argument(self, size: Any) -> Expr:
+        """A size argument: an int, or a graph input holding a size (its symbol)."""
+        if isinstance(size, torch.fx.Node):
+            return self.facts.expression(size)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise Unproven(f"size argument {size!r}")
+        return sympy.Integer(size)
 
     def index(self, i: Any, size: Expr) -> Expr:
         """A start/end/index argument as PyTorch reads it: negative counts from the end; a
@@ -105,7 +118,7 @@ def _slice(v: _View, dim: Any = 0, start: Any = None, end: Any = None, step: Any
     v.facts.require(sympy.Le(last, size), "slice end")
     v.offset += first * v.strides[d]
     length = last - first
-    v.sizes[d] = length if step == 1 else sympy.floor((length + step - 1) / sympy.Integer(step))
+    v.sizes[d] = length if step == 1 else internals.FloorDiv(length + step - 1, step)
     v.strides[d] = v.strides[d] * step
 
 
@@ -143,7 +156,7 @@ def _unfold(v: _View, dim: Any, size: Any, step: Any) -> None:
         raise Unproven("unfold arguments")
     v.facts.require(sympy.Le(size, v.sizes[d]), "unfold window")
     windows = v.sizes[d] - size
-    v.sizes[d] = (windows if step == 1 else sympy.floor(windows / sympy.Integer(step))) + 1
+    v.sizes[d] = (windows if step == 1 else internals.FloorDiv(windows, step)) + 1
     stride = v.strides[d]
     v.strides[d] = stride * step
     v.sizes.append(sympy.Integer(size))
@@ -158,23 +171,25 @@ def _expand(v: _View, sizes: Any, implicit: bool = False) -> None:
     out_sizes: list[Expr] = []
     out_strides: list[Expr] = []
     for j, want in enumerate(new):
-        if not isinstance(want, int):
-            raise Unproven(f"expand size {want!r}")
-        if j < lead:
-            if want < 0:
-                raise Unproven("expand -1 on a new dim")
-            out_sizes.append(sympy.Integer(want))
-            out_strides.append(sympy.Integer(0))
+        keep = isinstance(want, int) and not isinstance(want, bool) and want == -1
+        if j < lead and keep:
+            raise Unproven("expand -1 on a new dim")
+        size, stride = (sympy.Integer(1), sympy.Integer(0)) if j < lead else v.dim_at(j - lead)
+        if keep:
+            out_sizes.append(size)
+            out_strides.append(stride)
             continue
-        size, stride = v.sizes[j - lead], v.strides[j - lead]
-        if want == -1 or v.facts.equal(size, want):
+        # A size is an int or a graph input holding one (which stands for its symbol).
+        wanted = v.size_argument(want)
+        if v.facts.equal(size, wanted):
             out_sizes.append(size)
             out_strides.append(stride)
         elif v.facts.equal(size, 1):
-            out_sizes.append(sympy.Integer(want))
+            v.facts.require(sympy.Ge(wanted, 0), "expand size")
+            out_sizes.append(wanted)
             out_strides.append(sympy.Integer(0))
         else:
-            raise Unproven(f"expand of size {size} to {want}")
+            raise Unproven(f"expand of size {size} to {wanted}")
     v.sizes, v.strides = out_sizes, out_strides
 
 

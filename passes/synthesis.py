@@ -68,11 +68,35 @@ def synthesize(source: Geometry, target: Geometry) -> ViewChain | None:
         >>> [step.name() for step in chain]
         ['diagonal']
     """
+    return _synthesize(source, target, uniform=False)
+
+
+def synthesize_uniform(source: Geometry, target: Geometry) -> ViewChain | None:
+    """:func:`synthesize` with the same steps whatever the sizes: windows that tile a dim are
+    taken by ``unfold`` rather than ``view``, and every used dim is sliced, even whole.
+
+    ``unfold(x, 0, 2, 2)`` counts its windows by a floor division of the dim's size where
+    ``view(x, [-1, 2])`` needs the size to be a multiple of 2; and a slice that takes a whole
+    dim at one size takes part of it at another. Symbolic synthesis, which compares the chains
+    of two sizes step by step, tries this form second.
+
+    Example::
+
+        >>> synthesize_uniform(Geometry((6,), (1,), 0), Geometry((3, 2), (2, 1), 0))
+        (ViewStep(op=aten.slice.Tensor, args=(0, 0, 6, 1)),
+         ViewStep(op=aten.unfold.default, args=(0, 2, 2)))
+    """
+    return _synthesize(source, target, uniform=True)
+
+
+def _synthesize(source: Geometry, target: Geometry, uniform: bool) -> ViewChain | None:
     if target.numel == 0:
         chain = _synthesize_empty(source, target)
     else:
         embedding = embed(source, target)
-        chain = None if embedding is None else _chain_from_embedding(source, target, embedding)
+        chain = (
+            None if embedding is None else _chain_from_embedding(source, target, embedding, uniform)
+        )
     if chain is not None and verify_chain(chain, source, target):
         return chain
     return None
@@ -94,12 +118,14 @@ def _synthesize_empty(source: Geometry, target: Geometry) -> ViewChain | None:
     return None
 
 
-def _chain_from_embedding(source: Geometry, target: Geometry, emb: Embedding) -> ViewChain:
+def _chain_from_embedding(
+    source: Geometry, target: Geometry, emb: Embedding, uniform: bool = False
+) -> ViewChain:
     b = _ChainBuilder(source, [("in", i) for i in range(source.ndim)])
     _drop_idle_dims(b, source, emb)
     _flatten_groups(b, emb)
     for g in range(len(emb.groups)):
-        _cut_group(b, target, emb, g)
+        _cut_group(b, target, emb, g, uniform)
     walking = active_target_dims(target)
     _diagonalize(b, walking)
     _to_target_order(b, target, walking)
@@ -138,7 +164,7 @@ def _flatten_groups(b: _ChainBuilder, emb: Embedding) -> None:
     b.labels = new_labels
 
 
-def _cut_group(b: _ChainBuilder, target: Geometry, emb: Embedding, g: int) -> None:
+def _cut_group(b: _ChainBuilder, target: Geometry, emb: Embedding, g: int, uniform: bool) -> None:
     dim = b.labels.index(("group", g))
     start = emb.start[g]
     uses = sorted(emb.coeffs[g].items(), key=lambda item: -item[1])
@@ -149,12 +175,12 @@ def _cut_group(b: _ChainBuilder, target: Geometry, emb: Embedding, g: int) -> No
     spans = [(target.sizes[j] - 1) * d for j, d in uses]
     length = 1 + sum(spans)
     last_step = uses[-1][1] if len(uses) == 1 else 1
-    if (start, length, last_step) != (0, b.sizes[dim], 1):
+    if uniform or (start, length, last_step) != (0, b.sizes[dim], 1):
         b.do(aten.slice.Tensor, dim, start, start + length, last_step)
     for n, (j, d) in enumerate(uses[:-1]):
         rest = 1 + sum(spans[n + 1 :])
         b.labels[dim] = ("virtual", j, g)
-        if rest == d:  # the windows tile the dim exactly: an unflatten
+        if rest == d and not uniform:  # the windows tile the dim exactly: an unflatten
             sizes = b.sizes
             b.do(aten.view.default, sizes[:dim] + [target.sizes[j], d] + sizes[dim + 1 :])
             dim += 1
