@@ -77,10 +77,13 @@ def synthesize_symbolic(
     points = facts.points(source.free_symbols() | target.free_symbols())
     if not points:
         return
+    seen: list[ViewChain] = []  # steps hold lists (view sizes): compared, not hashed
     for find in (synthesize, synthesize_uniform):
-        chain = _generalized(find, source, target, facts, points)
-        if chain is not None:
-            yield chain
+        for prefer_own in (True, False):
+            chain = _generalized(find, source, target, facts, points, prefer_own)
+            if chain is not None and chain not in seen:
+                seen.append(chain)
+                yield chain
 
 
 def _generalized(
@@ -89,8 +92,10 @@ def _generalized(
     target: SymbolicGeometry,
     facts: ShapeFacts,
     points: list[dict[Any, int]],
+    prefer_own: bool,
 ) -> ViewChain | None:
-    """The chain ``find`` gives at each point, its arguments in one form for all points."""
+    """The chain ``find`` gives at each point, its arguments in one form for all points;
+    ``prefer_own``: readings of the arguments themselves before those of equivalent ones."""
     forms: list[list[_StepForm]] = []
     for point in points:
         at_source, at_target = source.at(point), target.at(point)
@@ -112,7 +117,7 @@ def _generalized(
 
     steps = []
     for per_point in zip(*forms, strict=True):
-        step = _common_step(per_point, size_input)
+        step = _common_step(per_point, size_input, prefer_own)
         if step is None:
             return None
         if not _is_whole_slice(step):
@@ -213,6 +218,7 @@ def _normalized(index: int, size: int) -> int:
 def _common_step(
     per_point: tuple[_StepForm, ...],
     size_input: Callable[[list[Any]], torch.fx.Node | None],
+    prefer_own: bool,
 ) -> ViewStep | None:
     """The step whose every argument has one reading at every point, or None."""
     ops = {form.op for form in per_point}
@@ -234,7 +240,9 @@ def _common_step(
         is_end = op is aten.slice.Tensor and position == 2
         own = frozenset.intersection(*(form.own[position] for form in per_point))
         common = frozenset.intersection(*(form.readings[position] for form in per_point))
-        reading = _preferred(own, values[0], is_end) or _preferred(common, values[0], is_end)
+        reading = (_preferred(own, values[0], is_end) if prefer_own else ()) or _preferred(
+            common, values[0], is_end
+        )
         if reading:
             args.extend(reading)
             continue

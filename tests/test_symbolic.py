@@ -68,6 +68,27 @@ def transposed_corner(x):
     return x.t().as_strided((x.shape[1] - 1, 2), (1, x.shape[1]), 1)
 
 
+def every_second(x):
+    """Elements 0, 2, 4, ...: a stepped slice, ``(n + 1)//2`` long."""
+    return x.as_strided(((x.shape[0] + 1) // 2,), (2,))
+
+
+def pairs(x):
+    """Disjoint windows of 2 (step 2), ``n//2`` of them: unfold, counted by a floor division."""
+    return x.as_strided((x.shape[0] // 2, 2), (2, 1))
+
+
+def pairs_but_last(x):
+    """Disjoint windows of 2 but the last: unfold of a slice ending 2 before the end."""
+    return x.as_strided((x.shape[0] // 2 - 1, 2), (2, 1))
+
+
+def windows_step_two(x):
+    """Windows of 2 every 2 columns of each row of a matrix, and the rows' transpose."""
+    n = x.shape[1]
+    return x.as_strided(((n - 2) // 2 + 1, x.shape[0], 2), (2, n, 1))
+
+
 def row_prefix(x):
     """Three elements of row 0: inside the row only when it has at least three (not proven)."""
     return x[0].as_strided((3,), (1,), 0)
@@ -80,6 +101,10 @@ SYMBOLIC = {
     "superdiagonal": (superdiagonal, lambda n: (torch.randn(n),)),
     "all_but_first_rows": (all_but_first_rows, lambda n: (torch.randn(n, n + 2),)),
     "transposed_corner": (transposed_corner, lambda n: (torch.randn(n, n + 1),)),
+    "every_second": (every_second, lambda n: (torch.randn(n),)),
+    "pairs": (pairs, lambda n: (torch.randn(n),)),
+    "pairs_but_last": (pairs_but_last, lambda n: (torch.randn(n),)),
+    "windows_step_two": (windows_step_two, lambda n: (torch.randn(n - 3, n),)),
 }
 SIZES = (7, 9, 12)
 
