@@ -44,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,23 +80,22 @@ def synthesize_symbolic(
         return
     seen: list[ViewChain] = []  # steps hold lists (view sizes): compared, not hashed
     for find in (synthesize, synthesize_uniform):
+        forms = _forms_at_points(find, source, target, points)
         for prefer_own in (True, False):
-            chain = _generalized(find, source, target, facts, points, prefer_own)
+            chain = None if forms is None else _generalized(forms, facts, points, prefer_own)
             if chain is not None and chain not in seen:
                 seen.append(chain)
                 yield chain
 
 
-def _generalized(
+def _forms_at_points(
     find: Callable[[Geometry, Geometry], ViewChain | None],
     source: SymbolicGeometry,
     target: SymbolicGeometry,
-    facts: ShapeFacts,
     points: list[dict[Any, int]],
-    prefer_own: bool,
-) -> ViewChain | None:
-    """The chain ``find`` gives at each point, its arguments in one form for all points;
-    ``prefer_own``: readings of the arguments themselves before those of equivalent ones."""
+) -> list[list[_StepForm]] | None:
+    """The chain ``find`` gives at each point, step by step; None if a point has none, or
+    the points' chains differ in length."""
     forms: list[list[_StepForm]] = []
     for point in points:
         at_source, at_target = source.at(point), target.at(point)
@@ -105,8 +105,17 @@ def _generalized(
         if chain is None:
             return None
         forms.append(_argument_forms(chain, at_source, at_target))
-    if len({len(f) for f in forms}) != 1:
-        return None
+    return forms if len({len(f) for f in forms}) == 1 else None
+
+
+def _generalized(
+    forms: list[list[_StepForm]],
+    facts: ShapeFacts,
+    points: list[dict[Any, int]],
+    prefer_own: bool,
+) -> ViewChain | None:
+    """One chain for all points, each argument in a form that holds at every point;
+    ``prefer_own``: readings of the arguments themselves before those of equivalent ones."""
 
     def size_input(values: list[Any]) -> torch.fx.Node | None:
         """A graph input holding a size equal to ``values`` at every point, if any."""
@@ -131,16 +140,22 @@ class _StepForm:
 
     ``own[p]`` holds the readings of argument ``p`` itself: ``(_CONSTANT, v)``, and for an
     index argument ``(_FROM_END, r)``, ``r`` elements before the end of its dim (``r = 0``: the
-    end itself). ``readings[p]`` adds those of every other value that gives the same chain
+    end itself). ``readings(p)`` adds those of every other value that gives the same chain
     result at this point: a slice end may stop anywhere past the last element that a stepped
     slice, or a later stepped ``unfold``, takes. Readings of the argument itself are preferred
-    (each alternative is only checked with the other steps as they are).
+    (each alternative is only checked with the other steps as they are); the others are found
+    on meta tensors, on first use.
     """
 
     op: Any
     args: tuple[Any, ...]
     own: tuple[frozenset[tuple[str, int]], ...]
-    readings: tuple[frozenset[tuple[str, int]], ...]
+    #: Per argument position with readings beyond its own: what finds them.
+    more: dict[int, Callable[[], frozenset[tuple[str, int]]]]
+
+    def readings(self, position: int) -> frozenset[tuple[str, int]]:
+        more = self.more.get(position)
+        return self.own[position] if more is None else more()
 
 
 _CONSTANT = "constant"
@@ -154,7 +169,7 @@ def _argument_forms(chain: ViewChain, source: Geometry, target: Geometry) -> lis
     for i, step in enumerate(chain):
         args = step.args
         own = [frozenset({(_CONSTANT, a)}) if isinstance(a, int) else frozenset() for a in args]
-        readings = list(own)
+        more: dict[int, Callable[[], frozenset[tuple[str, int]]]] = {}
         if step.op in _POSITIONS and args:
             positions, dim_at = _POSITIONS[step.op]
             size = value.shape[args[dim_at]]
@@ -162,11 +177,11 @@ def _argument_forms(chain: ViewChain, source: Geometry, target: Geometry) -> lis
                 if p >= len(args) or not isinstance(args[p], int):
                     continue
                 own[p] = _index_readings({args[p]}, size)
-                readings[p] = own[p]
                 if step.op is aten.slice.Tensor and p == 2:
-                    ends = _equivalent_ends(chain, i, size, source, target)
-                    readings[p] = _index_readings(ends, size)
-        out.append(_StepForm(step.op, args, tuple(own), tuple(readings)))
+                    more[p] = functools.cache(
+                        functools.partial(_end_readings, chain, i, size, source, target)
+                    )
+        out.append(_StepForm(step.op, args, tuple(own), more))
         value = step.op(value, *args)
     return out
 
@@ -177,6 +192,12 @@ def _index_readings(values: set[int], size: int) -> frozenset[tuple[str, int]]:
         {(_CONSTANT, v) for v in values}
         | {(_FROM_END, _normalized(v, size) - size) for v in values}
     )
+
+
+def _end_readings(
+    chain: ViewChain, at: int, size: int, source: Geometry, target: Geometry
+) -> frozenset[tuple[str, int]]:
+    return _index_readings(_equivalent_ends(chain, at, size, source, target), size)
 
 
 def _equivalent_ends(
@@ -239,10 +260,10 @@ def _common_step(
             continue
         is_end = op is aten.slice.Tensor and position == 2
         own = frozenset.intersection(*(form.own[position] for form in per_point))
-        common = frozenset.intersection(*(form.readings[position] for form in per_point))
-        reading = (_preferred(own, values[0], is_end) if prefer_own else ()) or _preferred(
-            common, values[0], is_end
-        )
+        reading = _preferred(own, values[0], is_end) if prefer_own else ()
+        if not reading:
+            common = frozenset.intersection(*(form.readings(position) for form in per_point))
+            reading = _preferred(common, values[0], is_end)
         if reading:
             args.extend(reading)
             continue
