@@ -17,7 +17,10 @@ valid where its guards hold: Dynamo checks them before each call, and export's
 1. the ShapeEnv itself decides it statically (``statically_known_true``: value ranges and the
    guards as axioms, never adding a guard), or
 2. bounding the difference of its two sides over the value ranges, each narrowed by the guards
-   that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it.
+   that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it. Each floor
+   division ``a//k`` (stepped slices and windows are sized by them) is first written exactly
+   as ``(a - r)/k`` with a fresh remainder ``0 <= r < k``, so that ``2*((s + 1)//2) - 1 <= s``
+   is ``s - r <= s``; an equality is proven as two inequalities.
 
 Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
 asks a SymInt for a bool (which would install a guard decided on the hint); expressions are

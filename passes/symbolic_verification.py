@@ -7,17 +7,20 @@ Note [Verifying a chain for every size]
 and offset), and every condition the op needs to be a plain view, such as ``0 <= index < size``
 for ``select`` or ``start <= end <= size`` for ``slice`` (so no clamping happens) or
 ``window <= size`` for ``unfold``, must be *proven* by :class:`~.symbolic_geometry.ShapeFacts`
-for every value the symbols may take. Where an op's result depends on which of two sizes is
-smaller (``diagonal``) or whether a size is 1 (``squeeze``, ``view``), the comparison must be
-decided for every size too. The chain's result must then be provably equivalent to the target.
+for every value the symbols may take. A stepped ``slice`` or ``unfold`` sizes its dim by a
+floor division (``FloorDiv``, as the ShapeEnv writes ``(s - 3)//2``). Where an op's result
+depends on which of two sizes is smaller (``diagonal``) or whether a size is 1 (``squeeze``,
+``view``), the comparison must be decided for every size too. The chain's result must then
+be provably equivalent to the target.
 
 Together these are the safety proof: every step is a valid view at every size, so the chain's
 result only reads memory of its input, and it is exactly the target. A chain holding an op not
 modelled here is not proven, and not used. As a cross-check of the model, the chain must also
 verify on meta tensors at the sample points (``verify_chain``).
 
-Arguments are ints or None only (see ``symbolic_synthesis``): negative ones count from the end
-of the dim, as PyTorch reads them, and a ``-1`` in ``view``/``expand`` is inferred.
+Arguments are ints, None, or graph inputs holding a size (see ``symbolic_synthesis``): negative
+ints count from the end of the dim, as PyTorch reads them, a ``-1`` in ``view``/``expand`` is
+inferred, and a graph input stands for its symbol.
 
 Example::
 

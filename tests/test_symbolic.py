@@ -13,7 +13,7 @@ import torch
 
 import fxviews
 from fxviews.examples import push_jvp
-from fxviews.passes.torch_internals import make_fx, reset_dynamo
+from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
 from tests.test_backend import (
     Recorder,
@@ -442,31 +442,59 @@ def test_exported_program_with_dims_is_rewritten(module, make, dims):
             torch.testing.assert_close(out[b], module(sample))
 
 
-def test_graph_inputs_holding_sizes_are_vmappable():
-    # The backward of the diagonal loss unflattens its flat gradient buffer into (n, n) with
-    # view(buffer, [n_input, n_input]) (the reshape step may make it a reshape): the sizes
-    # come from the graph's own int inputs, not
-    # from sym_size of a tensor, so vmap runs the rewritten graph at every batch position.
+def tail_after_loss(x, y):
+    """The elements of ``x`` past the first ``len(y)``: a slice ``s0 - s1`` long, trained."""
+    return (x.as_strided((x.shape[0] - y.shape[0],), (1,), y.shape[0]) ** 2).sum()
+
+
+def size_argument(node):
+    """The argument of a view op that a graph input holding a size gives (a node)."""
+    args = [a for arg in node.args[1:] for a in (arg if isinstance(arg, list) else [arg])]
+    return any(isinstance(a, torch.fx.Node) for a in args)
+
+
+#: name: (function, inputs of size n, trained, which captured graph, the op taking a size).
+#: Each graph reads a size from the graph's own int inputs, never sym_size of a tensor.
+SIZED_BY_INPUTS = {
+    # The backward unflattens its flat gradient buffer into (n, n) with view(buffer, [n, n])
+    # (the reshape step may make it a reshape).
+    "diagonal_backward": (*TRAINED["diagonal_trained"], True, -1, ("view", "reshape")),
+    "expand_to_size": (*COMPILED["expand_to_size"], 0, ("expand",)),
+    "slice_from_a_size": (
+        tail_after_loss,
+        lambda n: (torch.randn(n + 4, requires_grad=True), torch.randn(n, requires_grad=True)),
+        True,
+        0,
+        ("slice",),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SIZED_BY_INPUTS)
+def test_graph_inputs_holding_sizes_are_vmappable(name):
+    # vmap runs the rewritten graph at every batch position, against the graph per sample.
     graphs = []
 
     def capture(gm, example_inputs):
         graphs.append((gm, example_inputs))
         return gm.forward
 
-    fn, make = TRAINED["diagonal_trained"]
+    fn, make, training, position, ops = SIZED_BY_INPUTS[name]
     compiled = torch.compile(fn, backend=fxviews.backend(inner=capture), dynamic=True)
-    run(compiled, make(6), True)
-    gm, example_inputs = graphs[-1]  # the backward graph
+    args = make(6)
+    torch.testing.assert_close(run(compiled, args, training), run(fn, args, training))
+    gm, example_inputs = graphs[position]
     assert len(as_strided_nodes(gm)) == 0
     assert any(
-        n.target in (aten.view.default, aten.reshape.default)
-        and any(isinstance(a, torch.fx.Node) for a in n.args[1])
+        str(n.target).split(".")[-2] in ops and size_argument(n)
         for n in gm.graph.nodes
-    )
+        if n.op == "call_function" and isinstance(n.target, OpOverload)
+    ), gm.code
     assert not any(n.target is aten.sym_size.int for n in gm.graph.nodes)
 
-    def tensors_of(graph):  # the backward returns None for inputs without a gradient
-        return lambda *args: [out for out in graph(*args) if out is not None]
+    def tensors_of(graph):  # a backward returns None for inputs without a gradient, and a
+        # forward saves sizes (ints) for its backward
+        return lambda *args: [out for out in graph(*args) if isinstance(out, torch.Tensor)]
 
     def concrete(value):
         if isinstance(value, torch.SymInt):
