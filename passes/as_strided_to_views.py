@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -57,7 +58,7 @@ import torch.fx
 from . import torch_internals as internals
 from .aliasing import written_arguments
 from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
-from .chain import ViewChain, apply_chain, describe_chain, eager
+from .chain import ViewChain, ViewStep, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter
 from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
@@ -78,6 +79,7 @@ from .scatter import (
 )
 from .symbolic_geometry import (
     ShapeFacts,
+    SizeFromInput,
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
@@ -652,6 +654,7 @@ def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
     op = call.op
+    chain = tuple(_with_size_nodes(emitter, step) for step in chain)
     if op is aten.as_strided_scatter.default:
         out = build_scatter(emitter, call.source, call.src, chain)
         # When the region is all of self the chain is empty: still return a fresh tensor.
@@ -664,6 +667,24 @@ def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Nod
     if op is aten.as_strided_copy.default:
         out = emitter(aten.clone.default, out, memory_format=torch.contiguous_format)
     return out
+
+
+def _with_size_nodes(emitter: GraphEmitter, step: ViewStep) -> ViewStep:
+    """``step`` with its sizes computed from graph inputs emitted (see :func:`_size_node`)."""
+    args = tuple(_size_node(emitter, a) for a in step.args)
+    return step if args == step.args else dataclasses.replace(step, args=args)
+
+
+def _size_node(emitter: GraphEmitter, arg: Any) -> Any:
+    """``arg``, with a size computed from a graph input emitted as int arithmetic on it."""
+    if isinstance(arg, list):
+        return [_size_node(emitter, a) for a in arg]
+    if not isinstance(arg, SizeFromInput):
+        return arg
+    size: Any = arg.node
+    if arg.scale != 1:
+        size = emitter(operator.mul, size, arg.scale)
+    return emitter(operator.add, size, arg.shift) if arg.shift else size
 
 
 def _erase_dead(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:

@@ -115,6 +115,24 @@ class SymbolicGeometry:
         return f"sizes={list(self.sizes)} strides={list(self.strides)} offset={self.offset}"
 
 
+@dataclass(frozen=True)
+class SizeFromInput:
+    """A view op's argument computed from a graph input holding a size: ``scale * node + shift``.
+
+    Emitted as int arithmetic on that input (no tensor is read, so vmap batches the graph).
+    The end of the windows a backward scatters into, ``2 * (s//2 - 1)`` for ``s//2 - 1``
+    pairs, is ``SizeFromInput(sub, 2, 0)`` where the graph's input ``sub`` holds ``s//2 - 1``.
+    """
+
+    node: torch.fx.Node
+    scale: int
+    shift: int
+
+    def __str__(self) -> str:
+        scaled = self.node.name if self.scale == 1 else f"{self.scale} * {self.node.name}"
+        return scaled if self.shift == 0 else f"{scaled} {'+-'[self.shift < 0]} {abs(self.shift)}"
+
+
 class Unproven(Exception):
     """A relation the ShapeEnv's facts neither prove nor refute: the chain cannot be trusted."""
 
@@ -129,11 +147,12 @@ class ShapeFacts:
             s: int(v) for s, v in internals.symbol_hints(shape_env).items()
         }
         #: Graph inputs that are sizes themselves (AOTAutograd passes each symbol as an int
-        #: argument), by symbol: a chain may take a size from them. See bind_size_inputs.
-        self.size_inputs: dict[sympy.Symbol, torch.fx.Node] = {}
+        #: argument, and a backward graph the sizes its forward saved, such as ``s//2 - 1``),
+        #: by expression: a chain may take a size from them. See bind_size_inputs.
+        self.size_inputs: dict[Expr, torch.fx.Node] = {}
 
     def bind_size_inputs(self, graph: torch.fx.Graph) -> None:
-        """Record the graph's inputs whose value is one symbol.
+        """Record the graph's inputs whose value is a symbolic size.
 
         They are plain ints when the graph runs, so a view op reading one needs no
         ``sym_size`` of a tensor (which vmap cannot batch). make_fx and export graphs read
@@ -143,7 +162,7 @@ class ShapeFacts:
             val = node.meta.get("val")
             if isinstance(val, torch.SymInt) and val.node.shape_env is self.shape_env:
                 expr = self.expression(val)
-                if isinstance(expr, sympy.Symbol):
+                if not expr.is_Integer:
                     self.size_inputs.setdefault(expr, node)
 
     @classmethod
@@ -160,6 +179,8 @@ class ShapeFacts:
 
         A SymInt of another ShapeEnv, or anything else, raises :class:`Unproven`.
         """
+        if isinstance(value, SizeFromInput):
+            return value.scale * self.expression(value.node) + value.shift
         if isinstance(value, torch.fx.Node):
             value = value.meta.get("val")
         if isinstance(value, bool):
@@ -245,20 +266,28 @@ class ShapeFacts:
         return self.shape_env.suppress_guards()
 
     def points(self, symbols: Iterable[sympy.Symbol]) -> list[dict[sympy.Symbol, int]]:
-        """The hint, and a second point that moves every symbol by a different amount and
-        keeps their order: ``s -> (k + 1) * s + i`` for the ``i``-th of ``k`` symbols.
+        """The hint, and two points that move every symbol by a different amount and keep
+        their order: ``s -> (k + 1) * s + i`` and ``(k + 1) * s + i + 1`` for the ``i``-th
+        of ``k`` symbols.
 
         Used to choose the form of a chain's arguments (constant, relative to a dim's end, a
         graph input); the choice is then proven for every size, so the points need no other
-        property. Keeping the order keeps the hint's chain: ``s0 - s1`` stays positive.
+        property. Keeping the order keeps the hint's chain: ``s0 - s1`` stays positive. The
+        two moved points differ by one, so a floor division by 2 tells them apart (``s - 2``
+        and ``2 * (s//2 - 1)`` agree at even sizes only).
         """
         symbols = sorted(symbols, key=str)
         hint = {s: self.hints[s] for s in symbols if s in self.hints}
         if len(hint) != len(symbols):
             return []
         scale = len(hint) + 1
-        moved = {s: scale * v + i for i, (s, v) in enumerate(hint.items())}
-        return [hint, moved]
+        return [
+            hint,
+            *(
+                {s: scale * v + i + extra for i, (s, v) in enumerate(hint.items())}
+                for extra in (0, 1)
+            ),
+        ]
 
 
 def equivalent_symbolic(a: SymbolicGeometry, b: SymbolicGeometry, facts: ShapeFacts) -> bool:

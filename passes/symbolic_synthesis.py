@@ -12,21 +12,24 @@ it applies to:
 - a constant (``select(x, 0, 0)``, an ``unfold`` window, a ``view`` size of 6);
 - a position counted from the end of its dim: ``slice(x, 0, 1, -1)`` for the end ``s - 1``,
   ``None`` for the end itself, ``select(x, 0, -1)`` for the last index;
-- ``-1`` for the one size a ``view`` infers, or for a dim ``expand`` keeps.
+- ``-1`` for the one size a ``view`` infers, or for a dim ``expand`` keeps;
+- in graphs whose inputs hold sizes (``torch.compile``'s), that input, or int arithmetic on
+  it (``2 * k`` for an input ``k``): ints too, so vmap batches the graph.
 
-The form of each argument is chosen by synthesizing the concrete chain (``synthesize``) at two
-points: the symbols' hints, and every symbol moved by a different amount that keeps their
-order (see ``ShapeFacts.points``). An argument equal at both points is a constant; one whose
-distance to the end of its dim is equal at both points is counted from the end; a size a graph
-input holds at both points is that input; anything else (an argument that follows the sizes
-some other way) gives no chain, and the node is kept.
+The form of each argument is chosen by synthesizing the concrete chain (``synthesize``) at three
+points: the symbols' hints, and two points that move every symbol by a different amount and
+keep their order (see ``ShapeFacts.points``). An argument equal at every point is a constant;
+one whose distance to the end of its dim is equal at every point is counted from the end; a
+size a graph input holds at every point is that input, and one an affine function of an input
+gives at every point is that function of it; anything else (an argument that follows the
+sizes some other way) gives no chain, and the node is kept.
 
 A slice end is not always unique: a stepped slice (``x[0:7:2]`` is ``x[0:8:2]``), or a slice
 whose elements past the last a later stepped ``unfold`` takes are never read, may stop
 anywhere within a step. Every end that gives the same result at a point (checked on meta
-tensors) is a reading of it there, and a reading common to both points is chosen: the target
+tensors) is a reading of it there, and a reading common to all points is chosen: the target
 ``((s + 1)//2,)`` strides ``(2,)`` is ``slice(x, 0, 0, 7, 2)`` at ``s = 8`` and
-``slice(x, 0, 0, 11, 2)`` at ``s = 11``, both read as ``slice(x, 0, 0, None, 2)``. And where
+``slice(x, 0, 0, 17, 2)`` at ``s = 17``, both read as ``slice(x, 0, 0, None, 2)``. And where
 synthesis splits a dim with ``view`` into windows that tile it, a count that follows the sizes
 by a floor division has no view size; the same windows taken by ``unfold`` with a step equal to
 the window are a second candidate.
@@ -54,7 +57,7 @@ import torch
 from .chain import ViewChain, ViewStep
 from .chain_verification import verify_chain
 from .geometry import Geometry
-from .symbolic_geometry import ShapeFacts, SymbolicGeometry
+from .symbolic_geometry import ShapeFacts, SizeFromInput, SymbolicGeometry
 from .synthesis import synthesize, synthesize_uniform
 
 aten = torch.ops.aten
@@ -81,8 +84,8 @@ def synthesize_symbolic(
     seen: list[ViewChain] = []  # steps hold lists (view sizes): compared, not hashed
     for find in (synthesize, synthesize_uniform):
         forms = _forms_at_points(find, source, target, points)
-        for prefer_own in (True, False):
-            chain = None if forms is None else _generalized(forms, facts, points, prefer_own)
+        for preference in _PREFERENCES:
+            chain = None if forms is None else _generalized(forms, facts, points, preference)
             if chain is not None and chain not in seen:
                 seen.append(chain)
                 yield chain
@@ -112,26 +115,59 @@ def _generalized(
     forms: list[list[_StepForm]],
     facts: ShapeFacts,
     points: list[dict[Any, int]],
-    prefer_own: bool,
+    preference: str,
 ) -> ViewChain | None:
     """One chain for all points, each argument in a form that holds at every point;
-    ``prefer_own``: readings of the arguments themselves before those of equivalent ones."""
+    ``preference``: which form an argument takes first (see :data:`_PREFERENCES`)."""
 
-    def size_input(values: list[Any]) -> torch.fx.Node | None:
-        """A graph input holding a size equal to ``values`` at every point, if any."""
-        for symbol, node in facts.size_inputs.items():
-            if all(point.get(symbol) == v for point, v in zip(points, values, strict=True)):
+    inputs = [
+        (node, [int(expr.xreplace(point)) for point in points])
+        for expr, node in facts.size_inputs.items()
+        if expr.free_symbols <= points[0].keys()
+    ]
+
+    def size_input(values: list[Any], affine: bool = True) -> torch.fx.Node | SizeFromInput | None:
+        """A graph input holding a size equal to ``values`` at every point, or (``affine``)
+        an affine function of one (two points fit one exactly: a candidate, proven later)."""
+        if not all(type(v) is int for v in values):
+            return None
+        for node, held in inputs:
+            if held == values:
                 return node
+        for node, held in inputs if affine else ():
+            if held[0] == held[1]:
+                continue
+            scale, rest = divmod(values[1] - values[0], held[1] - held[0])
+            shift = values[0] - scale * held[0]
+            if (
+                rest == 0
+                and scale != 0
+                and all(scale * h + shift == v for h, v in zip(held, values, strict=True))
+            ):
+                return SizeFromInput(node, scale, shift)
         return None
 
     steps = []
     for per_point in zip(*forms, strict=True):
-        step = _common_step(per_point, size_input, prefer_own)
+        step = _common_step(per_point, size_input, preference)
         if step is None:
             return None
         if not _is_whole_slice(step):
             steps.append(step)
     return tuple(steps)
+
+
+#: The orders in which an argument's forms are tried, one candidate chain each: its own
+#: readings (constant, from the end), then those of equivalent values, then a graph input;
+#: the equivalent values' readings first; a graph input (or a size computed from one) first
+#: for an argument that differs between the points (two points of the same parity read
+#: ``2 * (s//2)`` as ``s``, an end from the end that a floor division would not give).
+_OWN, _COMMON, _INPUTS = "own", "common", "inputs"
+_PREFERENCES = (_OWN, _COMMON, _INPUTS)
+
+#: ``size_input(values, affine=True)``: a graph input holding a size with ``values`` at the
+#: points, or (``affine``) a size computed from one; None if there is none.
+SizeInput = Callable[..., "torch.fx.Node | SizeFromInput | None"]
 
 
 @dataclass(frozen=True)
@@ -238,8 +274,8 @@ def _normalized(index: int, size: int) -> int:
 
 def _common_step(
     per_point: tuple[_StepForm, ...],
-    size_input: Callable[[list[Any]], torch.fx.Node | None],
-    prefer_own: bool,
+    size_input: SizeInput,
+    preference: str,
 ) -> ViewStep | None:
     """The step whose every argument has one reading at every point, or None."""
     ops = {form.op for form in per_point}
@@ -259,8 +295,13 @@ def _common_step(
             args.append(values[0])  # None, a list of dims, a bool
             continue
         is_end = op is aten.slice.Tensor and position == 2
+        if preference == _INPUTS and len(set(values)) > 1:
+            node = size_input(values)
+            if node is not None:
+                args.append(node)
+                continue
         own = frozenset.intersection(*(form.own[position] for form in per_point))
-        reading = _preferred(own, values[0], is_end) if prefer_own else ()
+        reading = _preferred(own, values[0], is_end) if preference != _COMMON else ()
         if not reading:
             common = frozenset.intersection(*(form.readings(position) for form in per_point))
             reading = _preferred(common, values[0], is_end)
@@ -294,18 +335,22 @@ def _is_whole_slice(step: ViewStep) -> bool:
     return step.op is aten.slice.Tensor and tuple(step.args[1:]) in ((0, None), (0, None, 1))
 
 
-def _common_sizes(
-    values: list[Any], size_input: Callable[[list[Any]], torch.fx.Node | None]
-) -> list[Any] | None:
-    """A size list for every point: constant sizes, then a graph input holding the size, and
-    ``-1`` for at most one size left; else None."""
+def _common_sizes(values: list[Any], size_input: SizeInput) -> list[Any] | None:
+    """A size list for every point: constant sizes, then a graph input holding the size,
+    ``-1`` for one size left, or else a size computed from a graph input; else None."""
     if len({len(v) for v in values}) != 1:
         return None
+    columns = list(zip(*values, strict=True))
     sizes: list[Any] = []
-    for column in zip(*values, strict=True):
+    for column in columns:
         if all(c == column[0] for c in column):
             sizes.append(column[0])
         else:
-            node = size_input(list(column))
-            sizes.append(-1 if node is None else node)
-    return sizes if sizes.count(-1) <= 1 else None
+            sizes.append(size_input(list(column), False))
+    left = [i for i, size in enumerate(sizes) if size is None]
+    if len(left) == 1:
+        sizes[left[0]] = -1
+        return sizes
+    for i in left:
+        sizes[i] = size_input(list(columns[i]))
+    return None if None in sizes else sizes

@@ -45,6 +45,7 @@ from .chain_verification import verify_chain
 from .op_tables import LAYOUT_VIEWS
 from .symbolic_geometry import (
     ShapeFacts,
+    SizeFromInput,
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
@@ -80,7 +81,7 @@ class _View:
 
     def size_argument(self, size: Any) -> Expr:
         """A size argument: an int, or a graph input holding a size (its symbol)."""
-        if isinstance(size, torch.fx.Node):
+        if isinstance(size, (torch.fx.Node, SizeFromInput)):
             return self.facts.expression(size)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise Unproven(f"size argument {size!r}")
@@ -89,7 +90,7 @@ class _View:
     def index(self, i: Any, size: Expr) -> Expr:
         """A start/end/index argument as PyTorch reads it: negative counts from the end; a
         graph input holding a size stands for its symbol."""
-        if isinstance(i, torch.fx.Node):
+        if isinstance(i, (torch.fx.Node, SizeFromInput)):
             return self.facts.expression(i)
         if not isinstance(i, int) or isinstance(i, bool):
             raise Unproven(f"argument {i!r} is not an int")
@@ -247,7 +248,9 @@ def _squeeze(v: _View, dims: Any = None) -> None:
 
 
 def _view(v: _View, sizes: Any) -> None:
-    new: list[Any] = [v.facts.expression(s) if isinstance(s, torch.fx.Node) else s for s in sizes]
+    new: list[Any] = [
+        v.facts.expression(s) if isinstance(s, (torch.fx.Node, SizeFromInput)) else s for s in sizes
+    ]
     if not all(isinstance(s, sympy.Expr) or (isinstance(s, int) and s >= -1) for s in new):
         raise Unproven(f"view sizes {sizes!r}")
     if new.count(-1) > 1:
@@ -395,7 +398,7 @@ def _at_point(chain: Sequence[ViewStep], point: Any, facts: ShapeFacts) -> tuple
     """``chain`` with each graph input that holds a size replaced by its value at ``point``."""
 
     def value(arg: Any) -> Any:
-        if isinstance(arg, torch.fx.Node):
+        if isinstance(arg, (torch.fx.Node, SizeFromInput)):
             return int(facts.expression(arg).xreplace(point))
         if isinstance(arg, list):
             return [value(a) for a in arg]

@@ -209,9 +209,9 @@ COMPILED = {
 TRAINED = {
     f"{name}_trained": (trained(fn), lambda n, make=make: grad_inputs(make(n)))
     for name, (fn, make, _) in COMPILED.items()
-    # Their backward scatters into windows that tile a dim up to a floor division: the
-    # region is an unfold, which has no scatter form (README, Symbolic shapes: kept).
-    if name not in ("pairs_but_last", "windows_step_two")
+    # Its backward scatters into windows of the rows of a matrix: the region splits a dim of
+    # a 2-D buffer, whose scatter form would need that view undone (README: kept).
+    if name != "windows_step_two"
 }
 COMPILE_SIZES = (6, 8, 11, 15)
 
@@ -460,6 +460,9 @@ SIZED_BY_INPUTS = {
     # (the reshape step may make it a reshape).
     "diagonal_backward": (*TRAINED["diagonal_trained"], True, -1, ("view", "reshape")),
     "expand_to_size": (*COMPILED["expand_to_size"], 0, ("expand",)),
+    # The backward scatters into s//2 - 1 pairs of its flat buffer: a slice ending at
+    # 2 * k for the size k the forward saved, as int arithmetic on that input.
+    "pairs_backward": (*TRAINED["pairs_but_last_trained"], True, -1, ("slice", "slice_scatter")),
     "slice_from_a_size": (
         tail_after_loss,
         lambda n: (torch.randn(n + 4, requires_grad=True), torch.randn(n, requires_grad=True)),
