@@ -74,9 +74,9 @@ def synthesize_symbolic(
 ) -> Iterator[ViewChain]:
     """Candidate chains for every size (see the Note above), not yet proven, best first.
 
-    Synthesis splits a dim whose windows tile it with ``view``; where that split follows the
-    sizes by a floor division, the same windows taken with ``unfold`` (a step equal to the
-    window) are a second candidate.
+    The chains of plain synthesis, then of :func:`~.synthesis.synthesize_uniform` (windows by
+    ``unfold``, every dim sliced), each generalized in the orders of :data:`_PREFERENCES`;
+    each distinct chain once.
     """
     points = facts.points(source.free_symbols() | target.free_symbols())
     if not points:
