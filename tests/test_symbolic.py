@@ -13,6 +13,7 @@ import torch
 
 import fxviews
 from fxviews.examples import push_jvp
+from fxviews.passes import torch_internals as internals
 from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
 from tests.test_backend import (
@@ -213,6 +214,20 @@ TRAINED = {
     # a 2-D buffer, whose scatter form would need that view undone (README: kept).
     if name != "windows_step_two"
 }
+
+
+def tail_after_loss(x, y):
+    """The elements of ``x`` past the first ``len(y)``: a slice ``s0 - s1`` long, trained."""
+    return (x.as_strided((x.shape[0] - y.shape[0],), (1,), y.shape[0]) ** 2).sum()
+
+
+#: A slice whose length combines two symbols: tracing the loss records the guard
+#: ``s0 - s1 >= 2``, so the slice from len(y) is right for every size the graph allows (the
+#: forward alone records none: there as_strided raises on a negative size, and it is kept).
+TRAINED["tail_after_trained"] = (
+    tail_after_loss,
+    lambda n: (torch.randn(n + 4, requires_grad=True), torch.randn(n, requires_grad=True)),
+)
 COMPILE_SIZES = (6, 8, 11, 15)
 
 
@@ -337,9 +352,9 @@ def test_issue_functions_kept_under_dynamic_shapes_say_why(key):
     fn, make, training = ISSUE[name]
     graphs = []
 
-    def capture(gm, example_inputs):
+    def capture(gm, example_inputs):  # the graphs as AOTAutograd gives them: not rewritten
         graphs.append(gm)
-        return gm.forward
+        return internals.make_boxed_func(gm.forward)
 
     compiled = torch.compile(fn, backend=plain_aot(capture), dynamic=dynamic)
     for n in (6, 8, 11):
@@ -442,11 +457,6 @@ def test_exported_program_with_dims_is_rewritten(module, make, dims):
             torch.testing.assert_close(out[b], module(sample))
 
 
-def tail_after_loss(x, y):
-    """The elements of ``x`` past the first ``len(y)``: a slice ``s0 - s1`` long, trained."""
-    return (x.as_strided((x.shape[0] - y.shape[0],), (1,), y.shape[0]) ** 2).sum()
-
-
 def size_argument(node):
     """The argument of a view op that a graph input holding a size gives (a node)."""
     args = [a for arg in node.args[1:] for a in (arg if isinstance(arg, list) else [arg])]
@@ -463,13 +473,7 @@ SIZED_BY_INPUTS = {
     # The backward scatters into s//2 - 1 pairs of its flat buffer: a slice ending at
     # 2 * k for the size k the forward saved, as int arithmetic on that input.
     "pairs_backward": (*TRAINED["pairs_but_last_trained"], True, -1, ("slice", "slice_scatter")),
-    "slice_from_a_size": (
-        tail_after_loss,
-        lambda n: (torch.randn(n + 4, requires_grad=True), torch.randn(n, requires_grad=True)),
-        True,
-        0,
-        ("slice",),
-    ),
+    "slice_from_a_size": (*TRAINED["tail_after_trained"], True, 0, ("slice",)),
 }
 
 
