@@ -39,8 +39,8 @@ The choice is only a candidate: the chain is then proven for every size by
 
 Example::
 
-    >>> [chain] = synthesize_symbolic(SymbolicGeometry((s0, 6), (6, 1), 0),
-    ...                               SymbolicGeometry((s0 - 1, 6), (6, 1), 6), facts)
+    >>> chain = next(synthesize_symbolic(SymbolicGeometry((s0, 6), (6, 1), 0),
+    ...                                  SymbolicGeometry((s0 - 1, 6), (6, 1), 6), facts))
     >>> describe_chain(chain, "x")
     'slice(x, 0, 1)'
 """
@@ -160,8 +160,8 @@ def _generalized(
 #: The orders in which an argument's forms are tried, one candidate chain each: its own
 #: readings (constant, from the end), then those of equivalent values, then a graph input;
 #: the equivalent values' readings first; a graph input (or a size computed from one) first
-#: for an argument that differs between the points (two points of the same parity read
-#: ``2 * (s//2)`` as ``s``, an end from the end that a floor division would not give).
+#: for an argument that differs between the points (an end counted from the end may hold at
+#: the points and not at every size, where ``2 * k`` for an input ``k`` does).
 _OWN, _COMMON, _INPUTS = "own", "common", "inputs"
 _PREFERENCES = (_OWN, _COMMON, _INPUTS)
 
@@ -233,6 +233,7 @@ def _index_readings(values: set[int], size: int) -> frozenset[tuple[str, int]]:
 def _end_readings(
     chain: ViewChain, at: int, size: int, source: Geometry, target: Geometry
 ) -> frozenset[tuple[str, int]]:
+    """The readings of every end of the slice ``chain[at]`` that gives the same result."""
     return _index_readings(_equivalent_ends(chain, at, size, source, target), size)
 
 
