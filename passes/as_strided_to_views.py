@@ -743,7 +743,7 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
         return False
     facts = sym.facts
-    if not _views_unflatten_flat_buffers(chain, sym.source, facts):
+    if not _views_split_one_dim(chain, sym.source, facts):
         return False
     try:
         written = SymbolicGeometry.of(call.node.meta["val"], facts)
@@ -759,20 +759,36 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     )
 
 
-def _views_unflatten_flat_buffers(
-    chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts
-) -> bool:
-    """Whether every ``view`` in ``chain`` applies to a 1-D tensor: the scatter form undoes
-    it with ``view(..., [-1])``, which needs no symbolic size."""
+def _views_split_one_dim(chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """Whether every ``view`` in ``chain`` unflattens a 1-D tensor or splits one dim of its
+    input in two (a ``-1`` only among those two): the scatter form undoes it with the same
+    sizes, the two merged into ``-1``, which needs no symbolic size."""
     geometry = source
     for step in chain:
-        if step.op is aten.view.default and geometry.ndim != 1:
-            return False
         try:
-            geometry = apply_symbolic((step,), geometry, facts)
+            out = apply_symbolic((step,), geometry, facts)
         except Unproven:
             return False
+        if step.op is aten.view.default and geometry.ndim != 1:
+            if not _splits_one_dim(geometry.sizes, out.sizes, list(step.args[0]), facts):
+                return False
+        geometry = out
     return True
+
+
+def _splits_one_dim(
+    sizes: tuple[Any, ...], split: tuple[Any, ...], arguments: list[Any], facts: ShapeFacts
+) -> bool:
+    if len(split) != len(sizes) + 1:
+        return False
+    return any(
+        -1 not in arguments[:d] + arguments[d + 2 :]
+        and all(
+            facts.equal(a, b)
+            for a, b in zip(split[:d] + split[d + 2 :], sizes[:d] + sizes[d + 1 :], strict=True)
+        )
+        for d in range(len(sizes))
+    )
 
 
 def _why_kept(call: _Call) -> str:

@@ -194,11 +194,37 @@ def _invert(ev: Evaluator, step: ViewStep, base: Any, inner: Any) -> Any:
     if op is aten.alias.default:
         return inner
     # unsqueeze, squeeze and view only rename dims: a view back to the base's shape undoes them.
-    # A 1-D base with a symbolic size is the flat buffer a view unflattened: [-1] is its size.
     shape = list(_shape(base))
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        shape = [-1]
-    return ev(aten.view.default, inner, shape)
+    if all(isinstance(size, int) for size in shape):
+        return ev(aten.view.default, inner, shape)
+    # Symbolic sizes cannot be written into the graph. A 1-D base is the flat buffer a view
+    # unflattened: [-1] is its size. A view that split one dim d of the base is undone by
+    # its own sizes with d and d + 1 merged into -1 (a view is a row-major reshape: sizes
+    # alone define it).
+    if len(shape) == 1:
+        return ev(aten.view.default, inner, [-1])
+    if op is not aten.view.default:
+        raise RuntimeError(f"{op} of a symbolic shape has no size-free inverse")
+    return ev(aten.view.default, inner, _merged_sizes(shape, _shape(inner), list(args[0])))
+
+
+def _merged_sizes(base: Sequence[Any], split: Sequence[Any], sizes: list[Any]) -> list[Any]:
+    """``sizes`` (a view's size arguments, giving shape ``split`` from shape ``base``) with the
+    two dims it split from one dim of ``base`` merged into -1; RuntimeError if it split none
+    (sizes compared as exact expressions: equal sizes written differently count as unequal,
+    which only drops the candidate)."""
+
+    def exact(size: Any) -> Any:
+        return size.node.expr if isinstance(size, torch.SymInt) else size
+
+    base_exprs, split_exprs = [exact(v) for v in base], [exact(v) for v in split]
+    if len(split_exprs) == len(base_exprs) + 1:
+        for d in range(len(base_exprs)):
+            kept = split_exprs[:d] + split_exprs[d + 2 :]
+            rest = sizes[:d] + sizes[d + 2 :]
+            if kept == base_exprs[:d] + base_exprs[d + 1 :] and -1 not in rest:
+                return [*sizes[:d], -1, *sizes[d + 2 :]]
+    raise RuntimeError(f"view to {list(split)} does not split one dim of {list(base)}")
 
 
 def _shape(value: Any) -> Sequence[int]:

@@ -58,7 +58,7 @@ from .chain import ViewChain, ViewStep
 from .chain_verification import verify_chain
 from .geometry import Geometry
 from .symbolic_geometry import ShapeFacts, SizeFromInput, SymbolicGeometry
-from .synthesis import synthesize, synthesize_uniform
+from .synthesis import synthesize, synthesize_sliced, synthesize_uniform
 
 aten = torch.ops.aten
 
@@ -75,14 +75,14 @@ def synthesize_symbolic(
     """Candidate chains for every size (see the Note above), not yet proven, best first.
 
     The chains of plain synthesis, then of :func:`~.synthesis.synthesize_uniform` (windows by
-    ``unfold``, every dim sliced), each generalized in the orders of :data:`_PREFERENCES`;
-    each distinct chain once.
+    ``unfold``, every dim sliced), then of :func:`~.synthesis.synthesize_sliced` (every dim
+    sliced), each generalized in the orders of :data:`_PREFERENCES`; each distinct chain once.
     """
     points = facts.points(source.free_symbols() | target.free_symbols())
     if not points:
         return
     seen: list[ViewChain] = []  # steps hold lists (view sizes): compared, not hashed
-    for find in (synthesize, synthesize_uniform):
+    for find in (synthesize, synthesize_uniform, synthesize_sliced):
         forms = _forms_at_points(find, source, target, points)
         for preference in _PREFERENCES:
             chain = None if forms is None else _generalized(forms, facts, points, preference)

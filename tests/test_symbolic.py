@@ -210,9 +210,6 @@ COMPILED = {
 TRAINED = {
     f"{name}_trained": (trained(fn), lambda n, make=make: grad_inputs(make(n)))
     for name, (fn, make, _) in COMPILED.items()
-    # Its backward scatters into windows of the rows of a matrix: the region splits a dim of
-    # a 2-D buffer, whose scatter form would need that view undone (README: kept).
-    if name != "windows_step_two"
 }
 
 
@@ -473,6 +470,9 @@ SIZED_BY_INPUTS = {
     # The backward scatters into s//2 - 1 pairs of its flat buffer: a slice ending at
     # 2 * k for the size k the forward saved, as int arithmetic on that input.
     "pairs_backward": (*TRAINED["pairs_but_last_trained"], True, -1, ("slice", "slice_scatter")),
+    # ... and into windows of 2 of every row of its (rows, cols) buffer: a view splitting the
+    # sliced columns into [rows, k, 2], undone by view(..., [rows, -1]).
+    "row_windows_backward": (*TRAINED["windows_step_two_trained"], True, -1, ("view", "reshape")),
     "slice_from_a_size": (*TRAINED["tail_after_trained"], True, 0, ("slice",)),
 }
 
