@@ -200,12 +200,13 @@ def _invert(ev: Evaluator, step: ViewStep, base: Any, inner: Any) -> Any:
     # Symbolic sizes cannot be written into the graph. A 1-D base is the flat buffer a view
     # unflattened: [-1] is its size. A view that split one dim d of the base is undone by
     # its own sizes with d and d + 1 merged into -1 (a view is a row-major reshape: sizes
-    # alone define it).
+    # alone define it), as a reshape: whether the scattered values' layout can merge those
+    # dims without a copy depends on the sizes, and nothing else reads that intermediate.
     if len(shape) == 1:
         return ev(aten.view.default, inner, [-1])
     if op is not aten.view.default:
         raise RuntimeError(f"{op} of a symbolic shape has no size-free inverse")
-    return ev(aten.view.default, inner, _merged_sizes(shape, _shape(inner), list(args[0])))
+    return ev(aten.reshape.default, inner, _merged_sizes(shape, _shape(inner), list(args[0])))
 
 
 def _merged_sizes(base: Sequence[Any], split: Sequence[Any], sizes: list[Any]) -> list[Any]:
