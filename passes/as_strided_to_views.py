@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -58,8 +57,8 @@ import torch.fx
 from . import torch_internals as internals
 from .aliasing import written_arguments
 from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
-from .chain import ViewChain, ViewStep, apply_chain, describe_chain, eager
-from .chain_emission import GraphEmitter
+from .chain import ViewChain, apply_chain, describe_chain, eager
+from .chain_emission import GraphEmitter, with_size_nodes
 from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
@@ -76,10 +75,10 @@ from .scatter import (
     has_scatter_form,
     symbolic_base_geometries,
     symbolic_base_view_step,
+    views_split_one_dim,
 )
 from .symbolic_geometry import (
     ShapeFacts,
-    SizeFromInput,
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
@@ -654,7 +653,7 @@ def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
     op = call.op
-    chain = tuple(_with_size_nodes(emitter, step) for step in chain)
+    chain = tuple(with_size_nodes(emitter, step) for step in chain)
     if op is aten.as_strided_scatter.default:
         out = build_scatter(emitter, call.source, call.src, chain)
         # When the region is all of self the chain is empty: still return a fresh tensor.
@@ -667,24 +666,6 @@ def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Nod
     if op is aten.as_strided_copy.default:
         out = emitter(aten.clone.default, out, memory_format=torch.contiguous_format)
     return out
-
-
-def _with_size_nodes(emitter: GraphEmitter, step: ViewStep) -> ViewStep:
-    """``step`` with its sizes computed from graph inputs emitted (see :func:`_size_node`)."""
-    args = tuple(_size_node(emitter, a) for a in step.args)
-    return step if args == step.args else dataclasses.replace(step, args=args)
-
-
-def _size_node(emitter: GraphEmitter, arg: Any) -> Any:
-    """``arg``, with a size computed from a graph input emitted as int arithmetic on it."""
-    if isinstance(arg, list):
-        return [_size_node(emitter, a) for a in arg]
-    if not isinstance(arg, SizeFromInput):
-        return arg
-    size: Any = arg.node
-    if arg.scale != 1:
-        size = emitter(operator.mul, size, arg.scale)
-    return emitter(operator.add, size, arg.shift) if arg.shift else size
 
 
 def _erase_dead(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
@@ -743,7 +724,7 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
         return False
     facts = sym.facts
-    if not _views_split_one_dim(chain, sym.source, facts):
+    if not views_split_one_dim(chain, sym.source, facts):
         return False
     try:
         written = SymbolicGeometry.of(call.node.meta["val"], facts)
@@ -756,38 +737,6 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
         return False
     return src.ndim == sym.target.ndim and all(
         facts.equal(a, b) for a, b in zip(src.sizes, sym.target.sizes, strict=True)
-    )
-
-
-def _views_split_one_dim(chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts) -> bool:
-    """Whether every ``view`` in ``chain`` unflattens a 1-D tensor or splits one dim of its
-    input in two (a ``-1`` only among those two): the scatter form undoes it with the same
-    sizes, the two merged into ``-1``, which needs no symbolic size."""
-    geometry = source
-    for step in chain:
-        try:
-            out = apply_symbolic((step,), geometry, facts)
-        except Unproven:
-            return False
-        if step.op is aten.view.default and geometry.ndim != 1:
-            if not _splits_one_dim(geometry.sizes, out.sizes, list(step.args[0]), facts):
-                return False
-        geometry = out
-    return True
-
-
-def _splits_one_dim(
-    sizes: tuple[Any, ...], split: tuple[Any, ...], arguments: list[Any], facts: ShapeFacts
-) -> bool:
-    if len(split) != len(sizes) + 1:
-        return False
-    return any(
-        -1 not in arguments[:d] + arguments[d + 2 :]
-        and all(
-            facts.equal(a, b)
-            for a, b in zip(split[:d] + split[d + 2 :], sizes[:d] + sizes[d + 1 :], strict=True)
-        )
-        for d in range(len(sizes))
     )
 
 

@@ -48,6 +48,7 @@ from .as_strided_calls import as_strided_op, bind_as_strided
 from .chain import Evaluator, ViewChain, ViewStep
 from .geometry import Geometry
 from .symbolic_geometry import ShapeFacts, SymbolicGeometry, Unproven
+from .symbolic_verification import apply_symbolic
 from .torch_internals import make_contiguous_strides_for
 
 aten = torch.ops.aten
@@ -123,6 +124,45 @@ def _proven_dense_cover(
             return False
         expected = expected * size
     return facts.equal(base.offset, buffer.offset) and facts.equal(base.numel, buffer.numel)
+
+
+def views_split_one_dim(chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """Whether every ``view`` in ``chain`` unflattens a 1-D tensor or splits one dim of its
+    input in two (a ``-1`` only among those two): the scatter form undoes it with the same
+    sizes, the two merged into ``-1``, which needs no symbolic size.
+
+    Example::
+
+        >>> views_split_one_dim((ViewStep(aten.view.default, ([r, k, 2],)),),
+        ...                     SymbolicGeometry((s0, 2*k0), (s1, 1), 0), facts)
+        True                 # [r, 2k] -> [r, k, 2] splits dim 1; undone by [r, -1]
+    """
+    geometry = source
+    for step in chain:
+        try:
+            out = apply_symbolic((step,), geometry, facts)
+        except Unproven:
+            return False
+        if step.op is aten.view.default and geometry.ndim != 1:
+            if not _splits_one_dim(geometry.sizes, out.sizes, list(step.args[0]), facts):
+                return False
+        geometry = out
+    return True
+
+
+def _splits_one_dim(
+    sizes: tuple[Any, ...], split: tuple[Any, ...], arguments: list[Any], facts: ShapeFacts
+) -> bool:
+    if len(split) != len(sizes) + 1:
+        return False
+    return any(
+        -1 not in arguments[:d] + arguments[d + 2 :]
+        and all(
+            facts.equal(a, b)
+            for a, b in zip(split[:d] + split[d + 2 :], sizes[:d] + sizes[d + 1 :], strict=True)
+        )
+        for d in range(len(sizes))
+    )
 
 
 def symbolic_base_view_step(base: SymbolicGeometry, facts: ShapeFacts) -> ViewStep | None:
