@@ -47,6 +47,8 @@ import torch
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.passes.torch_internals import (
     disable_current_modes,
+    get_unwrapped,
+    is_batchedtensor,
     is_functorch_wrapped_tensor,
     pytree,
     temporarily_clear_interpreter_stack,
@@ -325,10 +327,13 @@ class _GraphCache:
         self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
     ) -> _Entry:
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
+        # and must not keep this call's tensors alive.
+        template = [None if i in positions else leaf for i, leaf in enumerate(leaves)]
         out_info: dict[str, Any] = {}
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
-            filled = list(leaves)
+            filled = list(template)
             for position, tensor in zip(positions, tensors, strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
@@ -351,14 +356,64 @@ class _GraphCache:
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict)
         report_rewrite(result, source=f"transform({name})")
+        forward = result.graph_module.forward
+        if _has_dynamic_output_shape(result.graph_module.graph):
+            forward = _eager_when_batched(forward, flat_fn)
         return _Entry(
-            forward=result.graph_module.forward,
+            forward=forward,
             input_positions=positions,
             rebuild=output_rebuilder(
                 out_info["spec"], out_info["from_graph"], out_info["constants"]
             ),
             keepalive=keepalive,
         )
+
+
+def _has_dynamic_output_shape(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` calls an op whose output shape depends on tensor values (``nonzero``,
+    which ``argwhere`` and boolean-mask indexing trace into)."""
+    return any(
+        torch.Tag.dynamic_output_shape in getattr(node.target, "tags", ())
+        for node in graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def _eager_when_batched(
+    forward: Callable[..., list[Any]], flat_fn: Callable[..., list[Any]]
+) -> Callable[..., list[Any]]:
+    """``forward``, except that a call with a tensor batched by ``vmap`` runs ``fn`` eagerly.
+
+    vmap refuses to batch an op with a data-dependent output shape (``nonzero`` raises "We do
+    not support batching operators that can output dynamic shape"), while eager ``vmap(fn)``
+    may still run: an op without a batching rule that calls it (``argwhere``) runs once per
+    sample, and an empty sample has a static result. So such a graph runs only where nothing
+    is batched, and ``fn`` itself, under the caller's transforms, everywhere else: whatever
+    eager vmap does, values or error. ``flat_fn`` gives ``fn``'s outputs as the graph does.
+
+    Example::
+
+        >>> torch.func.vmap(fxviews.transform(torch.argwhere))(torch.zeros(3, 0, 4)).shape
+        torch.Size([3, 0, 2])
+    """
+
+    def run(*tensors: Any) -> list[Any]:
+        if not any(_is_batched(t) for t in tensors):
+            return forward(*tensors)
+        # Eager torch.func is not thread-safe: eager calls hold the tracing lock (_GraphCache.call).
+        with tracing_lock:
+            return flat_fn(*tensors)
+
+    return run
+
+
+def _is_batched(tensor: Any) -> bool:
+    """Whether ``tensor`` is batched by a ``vmap`` at any level of the transforms around it."""
+    while isinstance(tensor, torch.Tensor) and is_functorch_wrapped_tensor(tensor):
+        if is_batchedtensor(tensor):
+            return True
+        tensor = get_unwrapped(tensor)
+    return False
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:

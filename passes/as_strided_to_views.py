@@ -58,7 +58,7 @@ from . import torch_internals as internals
 from .aliasing import written_arguments
 from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
 from .chain import ViewChain, apply_chain, describe_chain, eager
-from .chain_emission import GraphEmitter
+from .chain_emission import GraphEmitter, with_size_nodes
 from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
 from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
@@ -75,6 +75,7 @@ from .scatter import (
     has_scatter_form,
     symbolic_base_geometries,
     symbolic_base_view_step,
+    views_split_one_dim,
 )
 from .symbolic_geometry import (
     ShapeFacts,
@@ -549,13 +550,14 @@ def _symbolic_candidates(
         yield "provenance", chain
     for base in symbolic_base_geometries(call.source, sym.source, sym.facts):
         step = symbolic_base_view_step(base, sym.facts)
-        relative = index.lookup_symbolic(base, sym.target) or synthesize_symbolic(
-            base, sym.target, sym.facts
-        )
-        if step is not None and relative is not None:
+        if step is None:
+            continue
+        provenance = index.lookup_symbolic(base, sym.target)
+        if provenance is not None:
+            yield "scatter", (step, *provenance)
+        for relative in synthesize_symbolic(base, sym.target, sym.facts):
             yield "scatter", (step, *relative)
-    chain = synthesize_symbolic(sym.source, sym.target, sym.facts)
-    if chain is not None:
+    for chain in synthesize_symbolic(sym.source, sym.target, sym.facts):
         yield "synthesized", chain
 
 
@@ -651,6 +653,7 @@ def _same_metadata(call: _Call, out: torch.fx.Node) -> bool:
 
 def _build(emitter: GraphEmitter, call: _Call, chain: ViewChain) -> torch.fx.Node:
     op = call.op
+    chain = tuple(with_size_nodes(emitter, step) for step in chain)
     if op is aten.as_strided_scatter.default:
         out = build_scatter(emitter, call.source, call.src, chain)
         # When the region is all of self the chain is empty: still return a fresh tensor.
@@ -721,7 +724,7 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     if call.src is None or not all(step.op in _SYMBOLIC_SCATTER_STEPS for step in chain):
         return False
     facts = sym.facts
-    if not _views_unflatten_flat_buffers(chain, sym.source, facts):
+    if not views_split_one_dim(chain, sym.source, facts):
         return False
     try:
         written = SymbolicGeometry.of(call.node.meta["val"], facts)
@@ -735,22 +738,6 @@ def _symbolic_scatter_matches(call: _Call, sym: _Symbolic, chain: ViewChain) -> 
     return src.ndim == sym.target.ndim and all(
         facts.equal(a, b) for a, b in zip(src.sizes, sym.target.sizes, strict=True)
     )
-
-
-def _views_unflatten_flat_buffers(
-    chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts
-) -> bool:
-    """Whether every ``view`` in ``chain`` applies to a 1-D tensor: the scatter form undoes
-    it with ``view(..., [-1])``, which needs no symbolic size."""
-    geometry = source
-    for step in chain:
-        if step.op is aten.view.default and geometry.ndim != 1:
-            return False
-        try:
-            geometry = apply_symbolic((step,), geometry, facts)
-        except Unproven:
-            return False
-    return True
 
 
 def _why_kept(call: _Call) -> str:
@@ -784,8 +771,7 @@ def _why_kept_symbolic(call: _Call, sym: _Symbolic) -> str:
     if at_hint is None:
         static = dataclasses.replace(call, symbolic=None)
         return f"at the trace-time sizes: {_why_kept(static)}"
-    generalized = synthesize_symbolic(sym.source, sym.target, sym.facts)
-    chain = at_hint if generalized is None else generalized
+    chain = next(synthesize_symbolic(sym.source, sym.target, sym.facts), at_hint)
     try:
         apply_symbolic(chain, sym.source, sym.facts)
         failure = "its result is not proven equal to the target for every size"

@@ -10,14 +10,18 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
+from .chain import ViewStep
 from .fake_modes import in_one_fake_mode
 from .op_tables import LAYOUT_VIEWS
+from .symbolic_geometry import SizeFromInput
 from .torch_internals import FakeTensor, OpOverload, no_dispatch, pytree
 
 
@@ -115,3 +119,27 @@ class GraphEmitter:
         mode = getattr(self.like.meta.get("val"), "fake_mode", None)
         with contextlib.nullcontext() if mode is None else mode:
             return op(*vals, **kwvals)
+
+
+def with_size_nodes(emit: GraphEmitter, step: ViewStep) -> ViewStep:
+    """``step`` with each size computed from a graph input (a
+    :class:`~.symbolic_geometry.SizeFromInput`) emitted as int arithmetic on that input.
+
+    Example::
+
+        >>> with_size_nodes(emit, ViewStep(aten.slice.Tensor, (0, 0, SizeFromInput(k, 2, 0))))
+        ViewStep(op=aten.slice.Tensor, args=(0, 0, mul))     # mul = k * 2, a new node
+    """
+    args = tuple(_size_node(emit, a) for a in step.args)
+    return step if args == step.args else dataclasses.replace(step, args=args)
+
+
+def _size_node(emit: GraphEmitter, arg: Any) -> Any:
+    if isinstance(arg, list):
+        return [_size_node(emit, a) for a in arg]
+    if not isinstance(arg, SizeFromInput):
+        return arg
+    size: Any = arg.node
+    if arg.scale != 1:
+        size = emit(operator.mul, size, arg.scale)
+    return emit(operator.add, size, arg.shift) if arg.shift else size

@@ -48,6 +48,7 @@ from .as_strided_calls import as_strided_op, bind_as_strided
 from .chain import Evaluator, ViewChain, ViewStep
 from .geometry import Geometry
 from .symbolic_geometry import ShapeFacts, SymbolicGeometry, Unproven
+from .symbolic_verification import apply_symbolic
 from .torch_internals import make_contiguous_strides_for
 
 aten = torch.ops.aten
@@ -125,6 +126,45 @@ def _proven_dense_cover(
     return facts.equal(base.offset, buffer.offset) and facts.equal(base.numel, buffer.numel)
 
 
+def views_split_one_dim(chain: ViewChain, source: SymbolicGeometry, facts: ShapeFacts) -> bool:
+    """Whether every ``view`` in ``chain`` unflattens a 1-D tensor or splits one dim of its
+    input in two (a ``-1`` only among those two): the scatter form undoes it with the same
+    sizes, the two merged into ``-1``, which needs no symbolic size.
+
+    Example::
+
+        >>> views_split_one_dim((ViewStep(aten.view.default, ([r, k, 2],)),),
+        ...                     SymbolicGeometry((s0, 2*k0), (s1, 1), 0), facts)
+        True                 # [r, 2k] -> [r, k, 2] splits dim 1; undone by [r, -1]
+    """
+    geometry = source
+    for step in chain:
+        try:
+            out = apply_symbolic((step,), geometry, facts)
+        except Unproven:
+            return False
+        if step.op is aten.view.default and geometry.ndim != 1:
+            if not _splits_one_dim(geometry.sizes, out.sizes, list(step.args[0]), facts):
+                return False
+        geometry = out
+    return True
+
+
+def _splits_one_dim(
+    sizes: tuple[Any, ...], split: tuple[Any, ...], arguments: list[Any], facts: ShapeFacts
+) -> bool:
+    if len(split) != len(sizes) + 1:
+        return False
+    return any(
+        -1 not in arguments[:d] + arguments[d + 2 :]
+        and all(
+            facts.equal(a, b)
+            for a, b in zip(split[:d] + split[d + 2 :], sizes[:d] + sizes[d + 1 :], strict=True)
+        )
+        for d in range(len(sizes))
+    )
+
+
 def symbolic_base_view_step(base: SymbolicGeometry, facts: ShapeFacts) -> ViewStep | None:
     """The unflatten of a flat buffer into ``base``, with int sizes, graph inputs holding a
     size, and ``-1`` for at most one size left; None if more are left."""
@@ -194,11 +234,38 @@ def _invert(ev: Evaluator, step: ViewStep, base: Any, inner: Any) -> Any:
     if op is aten.alias.default:
         return inner
     # unsqueeze, squeeze and view only rename dims: a view back to the base's shape undoes them.
-    # A 1-D base with a symbolic size is the flat buffer a view unflattened: [-1] is its size.
     shape = list(_shape(base))
-    if len(shape) == 1 and not isinstance(shape[0], int):
-        shape = [-1]
-    return ev(aten.view.default, inner, shape)
+    if all(isinstance(size, int) for size in shape):
+        return ev(aten.view.default, inner, shape)
+    # Symbolic sizes cannot be written into the graph. A 1-D base is the flat buffer a view
+    # unflattened: [-1] is its size. A view that split one dim d of the base is undone by
+    # its own sizes with d and d + 1 merged into -1 (a view is a row-major reshape: sizes
+    # alone define it), as a reshape: whether the scattered values' layout can merge those
+    # dims without a copy depends on the sizes, and nothing else reads that intermediate.
+    if len(shape) == 1:
+        return ev(aten.view.default, inner, [-1])
+    if op is not aten.view.default:
+        raise RuntimeError(f"{op} of a symbolic shape has no size-free inverse")
+    return ev(aten.reshape.default, inner, _merged_sizes(shape, _shape(inner), list(args[0])))
+
+
+def _merged_sizes(base: Sequence[Any], split: Sequence[Any], sizes: list[Any]) -> list[Any]:
+    """``sizes`` (a view's size arguments, giving shape ``split`` from shape ``base``) with the
+    two dims it split from one dim of ``base`` merged into -1; RuntimeError if it split none
+    (sizes compared as exact expressions: equal sizes written differently count as unequal,
+    which only drops the candidate)."""
+
+    def exact(size: Any) -> Any:
+        return size.node.expr if isinstance(size, torch.SymInt) else size
+
+    base_exprs, split_exprs = [exact(v) for v in base], [exact(v) for v in split]
+    if len(split_exprs) == len(base_exprs) + 1:
+        for d in range(len(base_exprs)):
+            kept = split_exprs[:d] + split_exprs[d + 2 :]
+            rest = sizes[:d] + sizes[d + 2 :]
+            if kept == base_exprs[:d] + base_exprs[d + 1 :] and -1 not in rest:
+                return [*sizes[:d], -1, *sizes[d + 2 :]]
+    raise RuntimeError(f"view to {list(split)} does not split one dim of {list(base)}")
 
 
 def _shape(value: Any) -> Sequence[int]:

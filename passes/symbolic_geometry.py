@@ -17,7 +17,10 @@ valid where its guards hold: Dynamo checks them before each call, and export's
 1. the ShapeEnv itself decides it statically (``statically_known_true``: value ranges and the
    guards as axioms, never adding a guard), or
 2. bounding the difference of its two sides over the value ranges, each narrowed by the guards
-   that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it.
+   that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it. Each floor
+   division ``a//k`` (stepped slices and windows are sized by them) is first written exactly
+   as ``(a - r)/k`` with a fresh remainder ``0 <= r < k``, so that ``2*((s + 1)//2) - 1 <= s``
+   is ``s - r <= s``; an equality is proven as two inequalities.
 
 Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
 asks a SymInt for a bool (which would install a guard decided on the hint); expressions are
@@ -112,6 +115,24 @@ class SymbolicGeometry:
         return f"sizes={list(self.sizes)} strides={list(self.strides)} offset={self.offset}"
 
 
+@dataclass(frozen=True)
+class SizeFromInput:
+    """A view op's argument computed from a graph input holding a size: ``scale * node + shift``.
+
+    Emitted as int arithmetic on that input (no tensor is read, so vmap batches the graph).
+    The end of the windows a backward scatters into, ``2 * (s//2 - 1)`` for ``s//2 - 1``
+    pairs, is ``SizeFromInput(sub, 2, 0)`` where the graph's input ``sub`` holds ``s//2 - 1``.
+    """
+
+    node: torch.fx.Node
+    scale: int
+    shift: int
+
+    def __str__(self) -> str:
+        scaled = self.node.name if self.scale == 1 else f"{self.scale} * {self.node.name}"
+        return scaled if self.shift == 0 else f"{scaled} {'+-'[self.shift < 0]} {abs(self.shift)}"
+
+
 class Unproven(Exception):
     """A relation the ShapeEnv's facts neither prove nor refute: the chain cannot be trusted."""
 
@@ -126,11 +147,12 @@ class ShapeFacts:
             s: int(v) for s, v in internals.symbol_hints(shape_env).items()
         }
         #: Graph inputs that are sizes themselves (AOTAutograd passes each symbol as an int
-        #: argument), by symbol: a chain may take a size from them. See bind_size_inputs.
-        self.size_inputs: dict[sympy.Symbol, torch.fx.Node] = {}
+        #: argument, and a backward graph the sizes its forward saved, such as ``s//2 - 1``),
+        #: by expression: a chain may take a size from them. See bind_size_inputs.
+        self.size_inputs: dict[Expr, torch.fx.Node] = {}
 
     def bind_size_inputs(self, graph: torch.fx.Graph) -> None:
-        """Record the graph's inputs whose value is one symbol.
+        """Record the graph's inputs whose value is a symbolic size.
 
         They are plain ints when the graph runs, so a view op reading one needs no
         ``sym_size`` of a tensor (which vmap cannot batch). make_fx and export graphs read
@@ -140,7 +162,7 @@ class ShapeFacts:
             val = node.meta.get("val")
             if isinstance(val, torch.SymInt) and val.node.shape_env is self.shape_env:
                 expr = self.expression(val)
-                if isinstance(expr, sympy.Symbol):
+                if not expr.is_Integer:
                     self.size_inputs.setdefault(expr, node)
 
     @classmethod
@@ -157,6 +179,8 @@ class ShapeFacts:
 
         A SymInt of another ShapeEnv, or anything else, raises :class:`Unproven`.
         """
+        if isinstance(value, SizeFromInput):
+            return value.scale * self.expression(value.node) + value.shift
         if isinstance(value, torch.fx.Node):
             value = value.meta.get("val")
         if isinstance(value, bool):
@@ -204,12 +228,23 @@ class ShapeFacts:
         if internals.statically_known_true(symbool):
             return True
         if isinstance(relation, sympy.Eq):
-            return sympy.expand(relation.lhs - relation.rhs) == 0
+            difference = sympy.expand(relation.lhs - relation.rhs)
+            return difference == 0 or (
+                self._bounded_below(difference, strict=False)
+                and self._bounded_below(-difference, strict=False)
+            )
         if isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
             low, strict = _lower_side(relation)
-            bound = internals.bound_sympy(sympy.expand(low), self.ranges)
-            return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
+            return self._bounded_below(low, strict)
         return False
+
+    def _bounded_below(self, expr: Expr, strict: bool) -> bool:
+        """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, by its bounds over
+        the value ranges, each floor division written exactly with a remainder of known range
+        (see :func:`_without_floor_divisions`)."""
+        linear, remainders = _without_floor_divisions(sympy.expand(expr))
+        bound = internals.bound_sympy(sympy.expand(linear), {**self.ranges, **remainders})
+        return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
 
     def decide(self, relation: Any) -> bool:
         """``relation``'s truth value if it is proven or refuted for every value, else raise."""
@@ -231,17 +266,28 @@ class ShapeFacts:
         return self.shape_env.suppress_guards()
 
     def points(self, symbols: Iterable[sympy.Symbol]) -> list[dict[sympy.Symbol, int]]:
-        """The hint, and a second point that moves every symbol by a different amount.
+        """The hint, and two points that move every symbol by a different amount and keep
+        their order: ``s -> (k + 1) * s + i`` and ``(k + 1) * s + i + 1`` for the ``i``-th
+        of ``k`` symbols.
 
-        Used to choose the form of a chain's arguments (constant, or relative to a dim's end);
-        the choice is then proven for every size, so the points need no other property.
+        Used to choose the form of a chain's arguments (constant, relative to a dim's end, a
+        graph input); the choice is then proven for every size, so the points need no other
+        property. Keeping the order keeps the hint's chain: ``s0 - s1`` stays positive. The
+        two moved points differ by one, so a floor division by 2 tells them apart (``s - 2``
+        and ``2 * (s//2 - 1)`` agree at even sizes only).
         """
         symbols = sorted(symbols, key=str)
         hint = {s: self.hints[s] for s in symbols if s in self.hints}
         if len(hint) != len(symbols):
             return []
-        moved = {s: v + 3 + 2 * i for i, (s, v) in enumerate(hint.items())}
-        return [hint, moved]
+        scale = len(hint) + 1
+        return [
+            hint,
+            *(
+                {s: scale * v + i + extra for i, (s, v) in enumerate(hint.items())}
+                for extra in (0, 1)
+            ),
+        ]
 
 
 def equivalent_symbolic(a: SymbolicGeometry, b: SymbolicGeometry, facts: ShapeFacts) -> bool:
@@ -301,6 +347,31 @@ def _lower_side(relation: Any) -> tuple[Expr, bool]:
     if isinstance(relation, (sympy.Ge, sympy.Gt)):
         return relation.lhs - relation.rhs, isinstance(relation, sympy.Gt)
     return relation.rhs - relation.lhs, isinstance(relation, sympy.Lt)
+
+
+def _without_floor_divisions(expr: Expr) -> tuple[Expr, dict[sympy.Symbol, Any]]:
+    """``expr`` with each ``FloorDiv(a, k)`` (``k`` a positive integer) replaced by the exact
+    ``(a - r) / k`` for a fresh remainder ``r`` in ``[0, k - 1]``, and those remainders' ranges.
+
+    Bounding the result bounds ``expr``: ``2*((s + 1)//2) - 1 <= s`` becomes ``s - r <= s``,
+    which holds for every ``r >= 0``, where interval arithmetic on ``(s + 1)//2`` alone loses
+    the relation between the two sides.
+    """
+    remainders: dict[sympy.Symbol, Any] = {}
+    while True:
+        innermost = [
+            d
+            for d in expr.atoms(internals.FloorDiv)
+            if not any(a.atoms(internals.FloorDiv) for a in d.args)
+        ]
+        divisions = [d for d in innermost if d.args[1].is_Integer and d.args[1] > 0]
+        if not divisions:
+            return expr, remainders
+        for division in divisions:
+            numerator, divisor = division.args
+            remainder = sympy.Dummy("r", integer=True)
+            remainders[remainder] = internals.ValueRanges(0, int(divisor) - 1)
+            expr = expr.xreplace({division: (numerator - remainder) / divisor})
 
 
 def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:

@@ -7,17 +7,20 @@ Note [Verifying a chain for every size]
 and offset), and every condition the op needs to be a plain view, such as ``0 <= index < size``
 for ``select`` or ``start <= end <= size`` for ``slice`` (so no clamping happens) or
 ``window <= size`` for ``unfold``, must be *proven* by :class:`~.symbolic_geometry.ShapeFacts`
-for every value the symbols may take. Where an op's result depends on which of two sizes is
-smaller (``diagonal``) or whether a size is 1 (``squeeze``, ``view``), the comparison must be
-decided for every size too. The chain's result must then be provably equivalent to the target.
+for every value the symbols may take. A stepped ``slice`` or ``unfold`` sizes its dim by a
+floor division (``FloorDiv``, as the ShapeEnv writes ``(s - 3)//2``). Where an op's result
+depends on which of two sizes is smaller (``diagonal``) or whether a size is 1 (``squeeze``,
+``view``), the comparison must be decided for every size too. The chain's result must then
+be provably equivalent to the target.
 
 Together these are the safety proof: every step is a valid view at every size, so the chain's
 result only reads memory of its input, and it is exactly the target. A chain holding an op not
 modelled here is not proven, and not used. As a cross-check of the model, the chain must also
 verify on meta tensors at the sample points (``verify_chain``).
 
-Arguments are ints or None only (see ``symbolic_synthesis``): negative ones count from the end
-of the dim, as PyTorch reads them, and a ``-1`` in ``view``/``expand`` is inferred.
+Arguments are ints, None, or graph inputs holding a size (see ``symbolic_synthesis``): negative
+ints count from the end of the dim, as PyTorch reads them, a ``-1`` in ``view``/``expand`` is
+inferred, and a graph input stands for its symbol.
 
 Example::
 
@@ -36,11 +39,13 @@ import sympy
 import torch
 from sympy import Expr
 
+from . import torch_internals as internals
 from .chain import ViewStep
 from .chain_verification import verify_chain
 from .op_tables import LAYOUT_VIEWS
 from .symbolic_geometry import (
     ShapeFacts,
+    SizeFromInput,
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
@@ -70,10 +75,22 @@ class _View:
             raise Unproven(f"dim {d!r} out of range")
         return d % max(n, 1)
 
+    def dim_at(self, d: int) -> tuple[Expr, Expr]:
+        """The size and stride of dim ``d``."""
+        return self.sizes[d], self.strides[d]
+
+    def size_argument(self, size: Any) -> Expr:
+        """A size argument: an int, or a graph input holding a size (its symbol)."""
+        if isinstance(size, (torch.fx.Node, SizeFromInput)):
+            return self.facts.expression(size)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise Unproven(f"size argument {size!r}")
+        return sympy.Integer(size)
+
     def index(self, i: Any, size: Expr) -> Expr:
         """A start/end/index argument as PyTorch reads it: negative counts from the end; a
         graph input holding a size stands for its symbol."""
-        if isinstance(i, torch.fx.Node):
+        if isinstance(i, (torch.fx.Node, SizeFromInput)):
             return self.facts.expression(i)
         if not isinstance(i, int) or isinstance(i, bool):
             raise Unproven(f"argument {i!r} is not an int")
@@ -105,7 +122,7 @@ def _slice(v: _View, dim: Any = 0, start: Any = None, end: Any = None, step: Any
     v.facts.require(sympy.Le(last, size), "slice end")
     v.offset += first * v.strides[d]
     length = last - first
-    v.sizes[d] = length if step == 1 else sympy.floor((length + step - 1) / sympy.Integer(step))
+    v.sizes[d] = length if step == 1 else internals.FloorDiv(length + step - 1, step)
     v.strides[d] = v.strides[d] * step
 
 
@@ -143,7 +160,7 @@ def _unfold(v: _View, dim: Any, size: Any, step: Any) -> None:
         raise Unproven("unfold arguments")
     v.facts.require(sympy.Le(size, v.sizes[d]), "unfold window")
     windows = v.sizes[d] - size
-    v.sizes[d] = (windows if step == 1 else sympy.floor(windows / sympy.Integer(step))) + 1
+    v.sizes[d] = (windows if step == 1 else internals.FloorDiv(windows, step)) + 1
     stride = v.strides[d]
     v.strides[d] = stride * step
     v.sizes.append(sympy.Integer(size))
@@ -158,23 +175,25 @@ def _expand(v: _View, sizes: Any, implicit: bool = False) -> None:
     out_sizes: list[Expr] = []
     out_strides: list[Expr] = []
     for j, want in enumerate(new):
-        if not isinstance(want, int):
-            raise Unproven(f"expand size {want!r}")
-        if j < lead:
-            if want < 0:
-                raise Unproven("expand -1 on a new dim")
-            out_sizes.append(sympy.Integer(want))
-            out_strides.append(sympy.Integer(0))
+        keep = isinstance(want, int) and not isinstance(want, bool) and want == -1
+        if j < lead and keep:
+            raise Unproven("expand -1 on a new dim")
+        size, stride = (sympy.Integer(1), sympy.Integer(0)) if j < lead else v.dim_at(j - lead)
+        if keep:
+            out_sizes.append(size)
+            out_strides.append(stride)
             continue
-        size, stride = v.sizes[j - lead], v.strides[j - lead]
-        if want == -1 or v.facts.equal(size, want):
+        # A size is an int or a graph input holding one (which stands for its symbol).
+        wanted = v.size_argument(want)
+        if v.facts.equal(size, wanted):
             out_sizes.append(size)
             out_strides.append(stride)
         elif v.facts.equal(size, 1):
-            out_sizes.append(sympy.Integer(want))
+            v.facts.require(sympy.Ge(wanted, 0), "expand size")
+            out_sizes.append(wanted)
             out_strides.append(sympy.Integer(0))
         else:
-            raise Unproven(f"expand of size {size} to {want}")
+            raise Unproven(f"expand of size {size} to {wanted}")
     v.sizes, v.strides = out_sizes, out_strides
 
 
@@ -229,7 +248,9 @@ def _squeeze(v: _View, dims: Any = None) -> None:
 
 
 def _view(v: _View, sizes: Any) -> None:
-    new: list[Any] = [v.facts.expression(s) if isinstance(s, torch.fx.Node) else s for s in sizes]
+    new: list[Any] = [
+        v.facts.expression(s) if isinstance(s, (torch.fx.Node, SizeFromInput)) else s for s in sizes
+    ]
     if not all(isinstance(s, sympy.Expr) or (isinstance(s, int) and s >= -1) for s in new):
         raise Unproven(f"view sizes {sizes!r}")
     if new.count(-1) > 1:
@@ -377,7 +398,7 @@ def _at_point(chain: Sequence[ViewStep], point: Any, facts: ShapeFacts) -> tuple
     """``chain`` with each graph input that holds a size replaced by its value at ``point``."""
 
     def value(arg: Any) -> Any:
-        if isinstance(arg, torch.fx.Node):
+        if isinstance(arg, (torch.fx.Node, SizeFromInput)):
             return int(facts.expression(arg).xreplace(point))
         if isinstance(arg, list):
             return [value(a) for a in arg]

@@ -68,11 +68,54 @@ def synthesize(source: Geometry, target: Geometry) -> ViewChain | None:
         >>> [step.name() for step in chain]
         ['diagonal']
     """
+    return _synthesize(source, target, slice_whole=False, split_with_view=True)
+
+
+def synthesize_uniform(source: Geometry, target: Geometry) -> ViewChain | None:
+    """:func:`synthesize` with the same steps whatever the sizes: windows that tile a dim are
+    taken by ``unfold`` rather than ``view``, and every used dim is sliced, even whole.
+
+    ``unfold(x, 0, 2, 2)`` counts its windows by a floor division of the dim's size where
+    ``view(x, [-1, 2])`` needs the size to be a multiple of 2; and a slice that takes a whole
+    dim at one size takes part of it at another. Symbolic synthesis, which compares the chains
+    of two sizes step by step, tries this form second.
+
+    Example::
+
+        >>> synthesize_uniform(Geometry((6,), (1,), 0), Geometry((3, 2), (2, 1), 0))
+        (ViewStep(op=aten.slice.Tensor, args=(0, 0, 6, 1)),
+         ViewStep(op=aten.unfold.default, args=(0, 2, 2)))
+    """
+    return _synthesize(source, target, slice_whole=True, split_with_view=False)
+
+
+def synthesize_sliced(source: Geometry, target: Geometry) -> ViewChain | None:
+    """:func:`synthesize` with every used dim sliced, even whole: the steps of a chain whose
+    slice takes a whole dim at one size and part of it at another (windows of a matrix's rows
+    tile them at even widths only) are the same at every size.
+
+    Example::
+
+        >>> synthesize_sliced(Geometry((2, 4), (4, 1), 0), Geometry((2, 2, 2), (4, 2, 1), 0))
+        (ViewStep(op=aten.slice.Tensor, args=(0, 0, 2, 1)),
+         ViewStep(op=aten.slice.Tensor, args=(1, 0, 4, 1)),
+         ViewStep(op=aten.view.default, args=([2, 2, 2],)))
+    """
+    return _synthesize(source, target, slice_whole=True, split_with_view=True)
+
+
+def _synthesize(
+    source: Geometry, target: Geometry, *, slice_whole: bool, split_with_view: bool
+) -> ViewChain | None:
     if target.numel == 0:
         chain = _synthesize_empty(source, target)
     else:
         embedding = embed(source, target)
-        chain = None if embedding is None else _chain_from_embedding(source, target, embedding)
+        chain = (
+            None
+            if embedding is None
+            else _chain_from_embedding(source, target, embedding, slice_whole, split_with_view)
+        )
     if chain is not None and verify_chain(chain, source, target):
         return chain
     return None
@@ -94,12 +137,18 @@ def _synthesize_empty(source: Geometry, target: Geometry) -> ViewChain | None:
     return None
 
 
-def _chain_from_embedding(source: Geometry, target: Geometry, emb: Embedding) -> ViewChain:
+def _chain_from_embedding(
+    source: Geometry,
+    target: Geometry,
+    emb: Embedding,
+    slice_whole: bool = False,
+    split_with_view: bool = True,
+) -> ViewChain:
     b = _ChainBuilder(source, [("in", i) for i in range(source.ndim)])
     _drop_idle_dims(b, source, emb)
     _flatten_groups(b, emb)
     for g in range(len(emb.groups)):
-        _cut_group(b, target, emb, g)
+        _cut_group(b, target, emb, g, slice_whole, split_with_view)
     walking = active_target_dims(target)
     _diagonalize(b, walking)
     _to_target_order(b, target, walking)
@@ -138,7 +187,14 @@ def _flatten_groups(b: _ChainBuilder, emb: Embedding) -> None:
     b.labels = new_labels
 
 
-def _cut_group(b: _ChainBuilder, target: Geometry, emb: Embedding, g: int) -> None:
+def _cut_group(
+    b: _ChainBuilder,
+    target: Geometry,
+    emb: Embedding,
+    g: int,
+    slice_whole: bool,
+    split_with_view: bool,
+) -> None:
     dim = b.labels.index(("group", g))
     start = emb.start[g]
     uses = sorted(emb.coeffs[g].items(), key=lambda item: -item[1])
@@ -149,12 +205,12 @@ def _cut_group(b: _ChainBuilder, target: Geometry, emb: Embedding, g: int) -> No
     spans = [(target.sizes[j] - 1) * d for j, d in uses]
     length = 1 + sum(spans)
     last_step = uses[-1][1] if len(uses) == 1 else 1
-    if (start, length, last_step) != (0, b.sizes[dim], 1):
+    if slice_whole or (start, length, last_step) != (0, b.sizes[dim], 1):
         b.do(aten.slice.Tensor, dim, start, start + length, last_step)
     for n, (j, d) in enumerate(uses[:-1]):
         rest = 1 + sum(spans[n + 1 :])
         b.labels[dim] = ("virtual", j, g)
-        if rest == d:  # the windows tile the dim exactly: an unflatten
+        if rest == d and split_with_view:  # the windows tile the dim exactly: an unflatten
             sizes = b.sizes
             b.do(aten.view.default, sizes[:dim] + [target.sizes[j], d] + sizes[dim + 1 :])
             dim += 1

@@ -312,6 +312,8 @@ _ON_USE: dict[str, tuple[str, str]] = {
     # (bound_sympy, ValueRanges; 2.1).
     "bound_sympy": ("torch.utils._sympy.value_ranges", "bound_sympy"),
     "ValueRanges": ("torch.utils._sympy.value_ranges", "ValueRanges"),
+    # Floor division of sizes as the ShapeEnv writes it (``(s - 3)//2``; FloorDiv, 2.1).
+    "FloorDiv": ("torch.utils._sympy.functions", "FloorDiv"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).

@@ -597,6 +597,47 @@ def test_data_dependent_values_trace_like_eager():
     assert_tree_close(tf(x), (x * 3, torch.tensor([1.0, 3.0])))
 
 
+def eager_outcome(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or the type and first line of the error it raises."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as err:
+        return type(err), str(err).splitlines()[0]
+
+
+#: Per sample shapes of functions with a data-dependent output shape, under vmap. A zero-size
+#: dim makes the result static; otherwise every sample must have as many nonzeros (eager
+#: vmap's per-sample fallback stacks them) or eager vmap raises.
+DYNAMIC_SHAPE_CASES = {
+    "argwhere_empty": (torch.argwhere, lambda: torch.randn(3, 0, 4), 0),
+    "argwhere_empty_last": (torch.argwhere, lambda: torch.randn(2, 0, 5), -1),
+    "argwhere_full": (torch.argwhere, lambda: torch.randn(3, 2, 4), 1),
+    "argwhere_uneven": (
+        torch.argwhere,
+        lambda: torch.tensor([[1.0, 0.0, 2.0], [1.0, 1.0, 1.0]]),
+        0,
+    ),
+    "mask_then_view": (lambda x: x[x != 0].as_strided((2,), (1,)) * 2, lambda: torch.ones(3, 4), 0),
+}
+
+
+@pytest.mark.parametrize("name", DYNAMIC_SHAPE_CASES)
+def test_vmap_of_a_graph_with_a_data_dependent_shape_runs_as_eager_vmap(name):
+    # vmap cannot batch nonzero (what argwhere and boolean masks trace into): the graph runs
+    # unbatched, and under vmap fn runs as eager vmap runs it, values or error.
+    fn, make, bd = DYNAMIC_SHAPE_CASES[name]
+    x = make()
+    tf = fxviews.transform(fn)
+    want, got = eager_outcome(vmap(fn, in_dims=bd), x), eager_outcome(vmap(tf, in_dims=bd), x)
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    else:
+        assert got == want
+    sample = x.select(bd, 0)
+    assert_tree_close(tf(sample), fn(sample))  # unbatched: the graph itself
+    assert tf.cache_info().eager == 0
+
+
 def test_functools_wraps():
     def documented(x):
         """Docstring."""
