@@ -50,10 +50,9 @@ def _outcome(world, case, mode):
 
 
 def _check(outcome, case, mode):
-    if mode in case.upstream:
-        assert not outcome.ran and battery.INDUCTOR_DYNAMIC_BUG in outcome.error, (
-            f"PyTorch's own failure here is gone or changed: {outcome}"
-        )
+    if mode in case.upstream and not outcome.ran:
+        # PyTorch's own failure (torch 2.13); a release that fixes it must give the right answer.
+        assert battery.INDUCTOR_DYNAMIC_BUG in outcome.error, f"a new failure: {outcome}"
         return
     assert outcome.ran, outcome.error
     assert outcome.matches, "full_tensor() differs from the function on the whole tensor"
