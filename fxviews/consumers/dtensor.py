@@ -73,9 +73,14 @@ def register() -> None:
         propagator = internals.dtensor_sharding_propagator()
         schema_info = internals.RuntimeSchemaInfo(1)  # dims, sizes and steps key the cache
         _replace(internals.dtensor_op_handlers(), aten.as_strided.default, _as_strided_handler)
+        # torch 2.15 keeps single-dim strategies (its diagonal's among them) in a table of
+        # their own that is consulted first: fxviews' strategy must be the one found.
+        single_dim = getattr(propagator, "op_single_dim_strategy_funcs", {})
         for op, strategy in _STRATEGIES.items():
             _replace(propagator.op_strategy_funcs, op, strategy)
             _replace(propagator.op_to_schema_info, op, schema_info)
+            if op in single_dim:
+                _withdraw(single_dim, op)
         for op in _SHAPE_ARGUMENTS:
             _replace(propagator.op_to_shape_and_stride_idx, op, 1)
         internals.clear_sharding_prop_cache()
@@ -101,6 +106,11 @@ def is_registered() -> bool:
 def _replace(table: dict[Any, Any], op: Any, value: Any) -> None:
     _replaced.append((table, op, table.get(op, _ABSENT)))
     table[op] = value
+
+
+def _withdraw(table: dict[Any, Any], op: Any) -> None:
+    """Remove ``op`` from ``table`` until :func:`unregister` puts it back."""
+    _replaced.append((table, op, table.pop(op)))
 
 
 def _as_strided_handler(
