@@ -56,6 +56,8 @@ def _check(outcome, case, mode):
         return
     assert outcome.ran, outcome.error
     assert outcome.matches, "full_tensor() differs from the function on the whole tensor"
+    if mode in case.may_replicate and outcome.placement == "R":
+        return
     assert outcome.placement == case.expected
 
 
