@@ -53,6 +53,18 @@ METADATA_MUTATIONS = {
     aten.set_.source_Tensor,
 }
 
+#: Views that only reorder dims: each is a ``permute``, whatever the sizes.
+DIM_REORDERINGS = frozenset(
+    {
+        aten.t.default,
+        aten.transpose.int,
+        aten.swapdims.default,
+        aten.swapaxes.default,
+        aten.movedim.int,
+        aten.movedim.intlist,
+    }
+)
+
 #: The view ops a chain may hold: each re-indexes its input's memory and nothing else. Views
 #: that also change what the memory means (``_conj``, ``_neg_view``, ``real``, ``view.dtype``,
 #: ...) or bake in a layout (``as_strided``, ``_reshape_alias``) are not replayed; ``getitem``
@@ -69,12 +81,7 @@ LAYOUT_VIEWS = frozenset(
         aten.unfold.default,
         aten.expand.default,
         aten.permute.default,
-        aten.t.default,
-        aten.transpose.int,
-        aten.swapdims.default,
-        aten.swapaxes.default,
-        aten.movedim.int,
-        aten.movedim.intlist,
+        *DIM_REORDERINGS,
         aten.squeeze.default,
         aten.squeeze.dim,
         aten.squeeze.dims,

@@ -50,6 +50,7 @@ from .chain import ViewChain, ViewStep, eager
 from .chain_verification import verify_chain_reads
 from .copied_windows import WindowsByCopies
 from .geometry import Geometry
+from .op_tables import DIM_REORDERINGS
 from .torch_internals import OpOverload
 
 aten = torch.ops.aten
@@ -81,19 +82,6 @@ def as_opset(value: Opset | str) -> Opset:
     except ValueError:
         choices = ", ".join(repr(o.value) for o in Opset)
         raise ValueError(f"opset must be one of {choices}, got {value!r}") from None
-
-
-#: Views that only reorder dims: ``permute`` in any opset, whatever the sizes.
-_PERMUTATIONS = frozenset(
-    {
-        aten.t.default,
-        aten.transpose.int,
-        aten.swapdims.default,
-        aten.swapaxes.default,
-        aten.movedim.int,
-        aten.movedim.intlist,
-    }
-)
 
 
 def chain_for_opset(
@@ -157,7 +145,7 @@ def chain_in_opset(
 def _core_steps(step: ViewStep, value: torch.Tensor, static: bool) -> list[ViewStep] | None:
     """Core-ATen steps doing what ``step`` does to ``value``, delegable ones first; or None."""
     op, args = step.op, step.args
-    if op in _PERMUTATIONS:
+    if op in DIM_REORDERINGS:
         return [ViewStep(aten.permute.default, (_permutation(step, value.ndim),))]
     if op is aten.detach.default:
         return [ViewStep(aten.alias.default, ())]
