@@ -29,7 +29,7 @@ from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
 from fxviews.passes.graph_edits import collector_paused, copy_graph
 from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
-from fxviews.printouts import format_result, format_summary
+from fxviews.printouts import debug_enabled, format_result, format_summary
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
 TRACED_WITH = "fxviews_traced_with"
@@ -57,8 +57,8 @@ class RewriteResult:
     view_records: list[Record] = field(default_factory=list)
     pin_records: list[Record] = field(default_factory=list)
     clone_records: list[Record] = field(default_factory=list)
-    #: How the graph was traced, when fxviews traced it (``"fake mode"`` or ``"real mode
-    #: (fake mode failed: ...)"``); None for graphs made elsewhere.
+    #: How the graph was traced, when fxviews traced it (``"fake mode"``, ``"recorded on a
+    #: sample"`` or ``"real mode (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
 
     @property
@@ -159,7 +159,11 @@ def rewrite_in_place(
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
-    ``gm`` itself is rewritten and becomes ``result.graph_module``.
+    ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
+    callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
+    call through a stub). ``result.code_before`` is kept only where a printout may show it
+    (``FXVIEWS_DEBUG=1``), else empty: generating a large graph's code costs as much as a
+    third of the rewrite, and a lazy ``gm`` then generates it once, after the rewrite.
 
     Example::
 
@@ -169,7 +173,10 @@ def rewrite_in_place(
     """
     steps = RewriteSteps(reshape_views=reshape_views, pin_layouts=pin_layouts)
     with collector_paused():  # as in rewrite_graph
-        return _rewrite_steps(gm, gm.code, strict, example_inputs, steps)
+        code_before = gm.code if debug_enabled() else ""
+        result = _rewrite_steps(gm, code_before, strict, example_inputs, steps)
+        LazyGraphModule.force_recompile(gm)
+        return result
 
 
 def _rewrite_steps(

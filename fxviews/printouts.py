@@ -44,6 +44,11 @@ __all__ = [
 #: The logger every fxviews component writes to.
 logger = logging.getLogger("fxviews")
 
+#: How fxviews' tracer says it traced a graph, where that needs no note in a printout: fake
+#: mode (``fxviews.trace``), or a recording on one real sample (``fxviews.transform``).
+FAKE_MODE = "fake mode"
+RECORDED = "recorded on a sample"
+
 #: Environment variable that makes :func:`report_rewrite` print every rewrite it sees.
 DEBUG_ENV = "FXVIEWS_DEBUG"
 
@@ -99,7 +104,7 @@ def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = T
     if records:
         parts.append(format_table(records, width=width))
     parts.append(_fold_summary(format_summary(result), width))
-    if result.traced_with and result.traced_with != "fake mode":
+    if result.traced_with and result.traced_with not in (FAKE_MODE, RECORDED):
         parts.append(f"fxviews: traced in {result.traced_with}")
     if diff:
         parts.append(format_diff(result.code_before, result.code_after, width=width))

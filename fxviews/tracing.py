@@ -4,7 +4,11 @@ Note [One tracing path]
 -----------------------
 ``trace``, ``explain`` and ``transform`` all get their graph from :func:`capture`:
 
-1. **Fake mode first.** make_fx runs ``fn`` on fake tensors (no memory, no compute) in a
+0. **A recording, for fresh traces on real values** (``transform``): ``fn`` runs for real on one
+   sample under a mode that records each op (Note [Recording a real trace]), several times
+   cheaper than make_fx in fake mode. What a recording cannot vouch for (values leaving the
+   graph) goes on to step 1, which decides it precisely.
+1. **Fake mode.** make_fx runs ``fn`` on fake tensors (no memory, no compute) in a
    ``FakeTensorMode`` with a ``ShapeEnv``. Every node then records its exact layout, storage
    offset included, which the engine needs to read each ``as_strided``. Real tensors ``fn``
    closes over (parameters, buffers, anchor grids) are allowed: the graph holds them by
@@ -69,6 +73,8 @@ from fxviews.passes.torch_internals import (
     op_schema,
     pytree,
 )
+from fxviews.printouts import FAKE_MODE, RECORDED
+from fxviews.recording import reads_values_into_shape, record
 from fxviews.torch_state import preserved_torch_state
 
 __all__ = [
@@ -80,6 +86,8 @@ __all__ = [
     "trace",
     "tracing_lock",
 ]
+
+logger = logging.getLogger("fxviews")
 
 #: Serializes every trace in the process. Tracing torch.func code is not reentrant across
 #: threads: forward-AD levels, functorch's transform stack and dispatch modes are shared
@@ -169,6 +177,13 @@ def capture(
     """
     call = _positional(fn, len(args))
     with tracing_lock:
+        if fresh and _has_real_values(args):
+            try:
+                gm = _record_on_a_sample(call, args)
+                gm.meta[TRACED_WITH] = RECORDED
+                return gm
+            except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
+                logger.debug("fxviews: %s is traced in fake mode: %s", name, first_line(err))
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
         try:
@@ -176,7 +191,7 @@ def capture(
                 guard = _TraceGuard(fake_args, dense_zero_tangents=True)
                 gm = _make_fx_guarded(call, fake_args, "fake", guard)
             _check_no_meta_leak(gm)
-            gm.meta[TRACED_WITH] = "fake mode"
+            gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
             fake_error = err
@@ -190,6 +205,33 @@ def capture(
         gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
+
+
+def _has_real_values(args: Sequence[Any]) -> bool:
+    """Whether every tensor in ``args`` holds values a recording can compute with."""
+    return all(
+        not isinstance(sample, FakeTensor) and sample.device.type != "meta"
+        for leaf in pytree.tree_leaves(list(args))
+        if isinstance(leaf, torch.Tensor)
+        for sample in [_innermost(leaf)]
+    )
+
+
+def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.fx.GraphModule:
+    """Step 0 of the Note: record ``call`` on one sample's real values (Note [Recording a real
+    trace]); random state and closed-over tensors are left as they were."""
+    real_args = _real_examples(args, fresh=True)
+    guard = _TraceGuard(real_args, dense_zero_tangents=True)
+
+    def guarded(*inputs: Any) -> Any:
+        with guard:
+            return call(*inputs)
+
+    try:
+        with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
+            return record(guarded, real_args, exact_fake_mode(allow_non_fake_inputs=True))
+    finally:
+        guard.restore_foreign_writes()
 
 
 def exact_fake_mode(**options: Any) -> FakeTensorMode:
@@ -468,6 +510,13 @@ def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
     return [pytree.tree_map(convert, arg) for arg in args]
 
 
+def _innermost(value: torch.Tensor) -> torch.Tensor:
+    """The plain tensor inside the wrappers of enclosing transforms (``value`` if none)."""
+    while is_functorch_wrapped_tensor(value):
+        value = get_unwrapped(value)
+    return value
+
+
 def _plain_sample(value: torch.Tensor) -> torch.Tensor:
     """A plain tensor of ``value``'s logical shape holding one sample's values if it has any.
 
@@ -555,9 +604,7 @@ class _TraceGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        tags = getattr(func, "tags", ())
-        data_dependent = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
-        if self._refuse_data_dependent and any(tag in tags for tag in data_dependent):
+        if self._refuse_data_dependent and reads_values_into_shape(func, args):
             raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device

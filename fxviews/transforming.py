@@ -96,7 +96,7 @@ def transform(
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
     dtype and device; every other value) selects a cached graph. On a miss, ``fn`` is traced on
-    fresh contiguous fake tensors of those shapes, outside any enclosing ``torch.func``
+    fresh contiguous tensors of those shapes, outside any enclosing ``torch.func``
     transform; its ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`,
     dead nodes are dropped, and the graph is cached (``cache_size`` signatures, least recently
     used first out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
@@ -107,8 +107,10 @@ def transform(
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
     relative to the layout its input had when traced: fresh and contiguous.
 
-    Tracing is in fake mode (forward AD through normalization layers included), with real
-    mode kept for known fake-mode failures; see :func:`fxviews.trace`. Where
+    Tracing records ``fn``'s ops on one sample's real values (one per-sample eager call of
+    compute), and goes on to fake mode wherever values could leave the graph (``.item()``,
+    boolean masks, ``tolist``), as :func:`fxviews.trace` traces; see *Tracing real programs*
+    in the README. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
     from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
     that signature, as ``torch.compile`` does at a graph break: it warns once through the

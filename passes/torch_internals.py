@@ -242,6 +242,18 @@ def op_schema(op: OpOverload) -> torch._C.FunctionSchema:
     return op._schema
 
 
+def has_meta_kernel(op: OpOverload) -> bool:
+    """Whether ``op`` has a kernel registered for the Meta dispatch key
+    (``_dispatch_has_kernel_for_dispatch_key``, 1.13).
+
+    Example::
+
+        >>> has_meta_kernel(torch.ops.aten.mm.default)
+        True
+    """
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta")
+
+
 def storage_identity(tensor: torch.Tensor) -> int:
     """An id shared by exactly the tensors that view the same storage, meta tensors included.
 
@@ -397,6 +409,7 @@ BOUND_NAMES = (
     "graph_pytree_info",
     "install_graph",
     "op_schema",
+    "has_meta_kernel",
     "storage_identity",
     "is_boxed_call",
     "symbol_hints",

@@ -1,0 +1,282 @@
+"""Record a function's aten ops on one real sample: the fast first trace of ``transform``.
+
+Note [Recording a real trace]
+-----------------------------
+make_fx in fake mode costs about half a millisecond per op (FakeTensor's Python dispatch, then
+make_fx's proxy bookkeeping and its snapshot of every result), so a whole model's per-sample
+gradient or jvp, a thousand ops, takes a second to trace where eager ``vmap`` runs it in tens
+of milliseconds. ``transform`` traces on fresh tensors holding one sample's values, and one
+sample's real compute is cheaper than fake dispatch for everything but huge programs, so it
+first *records*:
+
+1. **Run for real, record each op.** ``fn`` runs on real tensors under :class:`OpRecorder`, a
+   dispatch mode at the bottom of every transform (it sees what make_fx sees: the aten ops
+   ``grad``, ``jvp`` and autograd run). Each op becomes a ``call_function`` node whose tensor
+   arguments are the nodes that produced them, found by tensor identity; a tensor the trace
+   did not produce and whose storage it does not know is a constant (a closed-over parameter)
+   held by the graph module by reference, as make_fx holds it. In-place ops return their
+   argument, which then stands for the in-place node, as in make_fx.
+2. **Exact layouts for free.** Real results carry their true sizes, strides and storage
+   offsets, so each node's ``meta["val"]`` is a FakeTensor of that exact layout over a meta
+   storage shared by exactly the results that share a real storage (the engine reads aliasing
+   from it). Real storages are kept alive until the recording ends, so no address is reused.
+3. **Refuse whatever a recording could get wrong.** A real trace sees one sample's values, so
+   anything that lets values leave the graph is refused: an op whose result *is* a value
+   (``.item()``, ``equal``; tagged ``data_dependent_output``) or whose output shape depends on
+   values (tagged ``dynamic_output_shape``; ``index`` only with a boolean mask, integer indices
+   give a shape their own shapes fix), an op that may read values below the dispatcher (one
+   neither aten's nor prims', or one that has no ``Meta`` kernel and does not give the same
+   shapes when run on meta tensors: decided once per op), Python reading a tensor's memory
+   without dispatch
+   (``tolist``, ``numpy``, ``data_ptr``, the storage: :class:`ValueReads`), and a tensor that
+   aliases the trace's memory but reached an op without passing through one (``.data``):
+   it would be recorded as a constant holding this sample. Sparse, nested and meta tensors
+   are refused too, and so are forward AD's zero tangents (``_efficientzerotensor``): their
+   own kernels run before any mode sees them. The caller's trace guard makes them dense
+   zeros first, as in fake mode (Note [Zero tangents in fake mode]).
+
+A refused or failed recording raises :class:`NotRecordable`; the caller then traces in fake
+mode, which decides data dependence precisely (and says why a graph cannot capture it).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from fxviews.passes.torch_internals import (
+    FakeTensor,
+    FakeTensorMode,
+    LazyGraphModule,
+    TorchDispatchMode,
+    efficient_zero_tensor,
+    has_meta_kernel,
+    pytree,
+    storage_identity,
+)
+
+__all__ = [
+    "NotRecordable",
+    "OpRecorder",
+    "ValueReads",
+    "reads_values_into_shape",
+    "record",
+    "shaped_by_metadata",
+]
+
+
+class NotRecordable(RuntimeError):
+    """The recording cannot vouch for its graph: trace in fake mode instead."""
+
+
+def record(
+    call: Callable[..., Any], args: Sequence[torch.Tensor], mode: FakeTensorMode
+) -> torch.fx.GraphModule:
+    """The graph of ``call(*args)`` recorded on the real tensors ``args`` (see the Note).
+
+    ``mode`` makes the nodes' FakeTensor values. Raises :class:`NotRecordable` where only a
+    fake-mode trace can decide. The caller owns the rest of a trace's hygiene: random state,
+    writes to closed-over tensors, forward AD's zero tangents.
+
+    Example::
+
+        >>> gm = record(lambda x: [x.t().sin()], [torch.ones(2, 3)], FakeTensorMode())
+        >>> [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        ['aten.t.default', 'aten.sin.default']
+    """
+    recorder = OpRecorder(args, mode)
+    with ValueReads(), recorder:
+        outputs = call(*args)
+    return recorder.graph_module(outputs)
+
+
+def reads_values_into_shape(func: Any, args: Sequence[Any]) -> bool:
+    """Whether ``func(*args)`` returns tensor values, or a shape that depends on them.
+
+    Example::
+
+        >>> mask = torch.tensor([True, False])
+        >>> reads_values_into_shape(torch.ops.aten.index.Tensor, (torch.ones(2), [mask]))
+        True
+        >>> reads_values_into_shape(torch.ops.aten.index.Tensor, (torch.ones(2), [mask.long()]))
+        False
+    """
+    tags = getattr(func, "tags", ())
+    if torch.Tag.data_dependent_output in tags:
+        return True
+    if torch.Tag.dynamic_output_shape not in tags:
+        return False
+    if func.overloadpacket is torch.ops.aten.index and len(args) > 1:
+        # index(self, indices): a boolean mask selects a value-dependent number of elements;
+        # integer indices give a result shaped by their own shapes.
+        return any(
+            isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+            for index in args[1]
+        )
+    return True
+
+
+#: Each op's verdict, once per process: whether its results are shaped by metadata alone.
+_SHAPED_BY_METADATA: dict[Any, bool] = {}
+
+
+def shaped_by_metadata(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether ``func``'s results are shaped by its inputs' metadata alone, as in fake mode.
+
+    An untagged op could still read values below the dispatcher, where no mode sees them. So
+    an op is trusted only if it is aten's or prims' and has a ``Meta`` kernel (which cannot read
+    values), or if, run once on meta tensors of this call's layouts, it gives this call's
+    shapes (a kernel that reads values fails on meta, as it would in fake mode).
+
+    Example::
+
+        >>> x = torch.ones(2, 3)
+        >>> shaped_by_metadata(torch.ops.aten.t.default, (x,), {}, x.t())
+        True
+    """
+    verdict = _SHAPED_BY_METADATA.get(func)
+    if verdict is None:
+        verdict = _SHAPED_BY_METADATA[func] = _judge_on_meta(func, args, kwargs, out)
+    return verdict
+
+
+def _judge_on_meta(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> bool:
+    if getattr(func, "namespace", None) not in ("aten", "prims"):
+        return False  # a library's op: its fake implementation may size results by values
+    if has_meta_kernel(func):
+        return True
+
+    def on_meta(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+
+    try:
+        meta_out = func(*pytree.tree_map(on_meta, args), **pytree.tree_map(on_meta, kwargs))
+    except Exception:  # noqa: BLE001 - whatever it is, fake mode would not get past it either
+        return False
+    return _shapes(meta_out) == _shapes(out)
+
+
+def _shapes(value: Any) -> list[Any]:
+    return [
+        leaf.shape if isinstance(leaf, torch.Tensor) else type(leaf)
+        for leaf in pytree.tree_leaves(value)
+    ]
+
+
+#: Tensor methods that read memory without dispatching an op a recording would see.
+_MEMORY_READS = frozenset(
+    {"tolist", "numpy", "__array__", "data_ptr", "untyped_storage", "storage", "_storage",
+     "__dlpack__", "__reduce_ex__"}
+)  # fmt: skip
+
+
+class ValueReads(TorchFunctionMode):
+    """Refuses Python reads of tensor memory that bypass the dispatcher while recording."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", None) in _MEMORY_READS:
+            raise NotRecordable(f"the function reads tensor memory from Python ({func.__name__})")
+        return func(*args, **(kwargs or {}))
+
+
+class OpRecorder(TorchDispatchMode):
+    """A dispatch mode that runs every op for real and records it as a graph node."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor], mode: FakeTensorMode) -> None:
+        super().__init__()
+        self.graph = torch.fx.Graph()
+        self._fake_mode = mode
+        self._nodes: dict[int, torch.fx.Node] = {}  # by id(tensor); tensors kept in _alive
+        self._alive: list[torch.Tensor] = []
+        # Real storage address -> (the real storage, kept alive; its meta twin for fakes).
+        self._storages: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        self._traced_storages: set[int] = set()
+        self._constants: dict[str, torch.Tensor] = {}
+        for position, tensor in enumerate(inputs):
+            node = self.graph.placeholder(f"arg{position}_1")
+            self._track(tensor, node)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is efficient_zero_tensor:
+            raise NotRecordable("forward AD made a zero tangent")
+        if reads_values_into_shape(func, args):
+            raise NotRecordable(f"it calls {func}, whose result depends on tensor values")
+        node_args = pytree.tree_map(self._node_of, args)
+        node_kwargs = pytree.tree_map(self._node_of, kwargs)
+        out = func(*args, **kwargs)
+        if not shaped_by_metadata(func, args, kwargs, out):
+            raise NotRecordable(f"it calls {func}, which fake mode cannot run on metadata alone")
+        node = self.graph.call_function(func, tuple(node_args), node_kwargs)
+        if isinstance(out, torch.Tensor):
+            self._track(out, node)
+        elif isinstance(out, (tuple, list)):
+            node.meta["val"] = type(out)(self._track_item(node, i, o) for i, o in enumerate(out))
+        else:
+            node.meta["val"] = out
+        return out
+
+    def graph_module(self, outputs: Any) -> torch.fx.GraphModule:
+        """The recorded graph returning ``outputs`` (a flat list), constants held by reference."""
+        self.graph.output(pytree.tree_map(self._node_of, outputs))
+        root = torch.nn.Module()
+        for name, tensor in self._constants.items():
+            setattr(root, name, tensor)
+        gm = LazyGraphModule(root, self.graph)  # code is generated once, after the rewrite
+        self._alive.clear()
+        self._storages.clear()
+        return gm
+
+    def _track_item(self, node: torch.fx.Node, index: int, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        item = self.graph.call_function(operator.getitem, (node, index))
+        return self._track(value, item)
+
+    def _track(self, tensor: torch.Tensor, node: torch.fx.Node) -> FakeTensor:
+        self._nodes[id(tensor)] = node
+        self._alive.append(tensor)
+        node.meta["val"] = fake = self._fake_of(tensor)
+        self._traced_storages.add(storage_identity(tensor))
+        return fake
+
+    def _node_of(self, value: Any) -> Any:
+        """The node standing for ``value`` (a constant's ``get_attr`` the first time)."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        node = self._nodes.get(id(value))
+        if node is not None:
+            return node
+        address = storage_identity(value)
+        if address in self._traced_storages:
+            raise NotRecordable(
+                "a tensor aliasing the trace's memory reached an op without going through one "
+                "(such as `.data`)"
+            )
+        name = f"_tensor_constant{len(self._constants)}"
+        self._constants[name] = value
+        node = self.graph.get_attr(name)
+        self._nodes[id(value)] = node
+        self._alive.append(value)
+        node.meta["val"] = self._fake_of(value)
+        return node
+
+    def _fake_of(self, tensor: torch.Tensor) -> FakeTensor:
+        """A FakeTensor with ``tensor``'s exact layout, over the meta twin of its storage."""
+        if tensor.layout != torch.strided or tensor.is_nested or tensor.device.type == "meta":
+            raise NotRecordable(f"it makes a {tensor.layout} tensor on {tensor.device}")
+        address = storage_identity(tensor)
+        if address not in self._storages:
+            storage = tensor.untyped_storage()
+            twin = torch.UntypedStorage(storage.nbytes(), device="meta")
+            self._storages[address] = (storage, twin)
+        twin = self._storages[address][1]
+        meta = torch.empty(0, dtype=tensor.dtype, device="meta")
+        meta.set_(twin, tensor.storage_offset(), tensor.shape, tensor.stride())
+        return FakeTensor(self._fake_mode, meta, tensor.device)
