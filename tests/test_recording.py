@@ -11,6 +11,7 @@ the transformed function still equals the program run eagerly one sample at a ti
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -239,3 +240,18 @@ def test_record_refuses_memory_reads_aliases_made_without_ops_and_meta_tensors()
         record(lambda x: [x + torch.from_numpy(x.numpy())], [torch.ones(2)], mode)
     with pytest.raises(NotRecordable, match="meta"):
         record(lambda x: [x.to("meta")], [torch.ones(2)], mode)
+
+
+def test_a_refused_recording_inside_jvp_leaves_later_transforms_working() -> None:
+    """The refusal unwinds through jvp's levels; nothing collected later exits them again."""
+    x = torch.randn(4, 3)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return jvp(lambda a: (_shift(a) * a.max().item()).sum(0), (x,), (torch.ones_like(x),))[1]
+
+    for _ in range(2):
+        assert _capture(fn, [x]).meta[TRACED_WITH] == FAKE_MODE
+        gc.collect()
+        tangent = jvp(torch.sin, (x,), (torch.ones_like(x),))[1]
+        assert torch.allclose(tangent, x.cos())
+        assert torch.allclose(grad(lambda a: a.sin().sum())(x), x.cos())
