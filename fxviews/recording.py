@@ -162,6 +162,14 @@ def _judge_on_meta(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: 
     return _shapes(meta_out) == _shapes(out)
 
 
+def _map_arguments(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` applied to each leaf of an op argument (lists and tuples nest in aten schemas):
+    pytree's generality, at a fraction of its cost per op."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_arguments(fn, item) for item in value)
+    return fn(value)
+
+
 def _shapes(value: Any) -> list[Any]:
     return [
         leaf.shape if isinstance(leaf, torch.Tensor) else type(leaf)
@@ -208,8 +216,8 @@ class OpRecorder(TorchDispatchMode):
             raise NotRecordable("forward AD made a zero tangent")
         if reads_values_into_shape(func, args):
             raise NotRecordable(f"it calls {func}, whose result depends on tensor values")
-        node_args = pytree.tree_map(self._node_of, args)
-        node_kwargs = pytree.tree_map(self._node_of, kwargs)
+        node_args = _map_arguments(self._node_of, args)
+        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
         out = func(*args, **kwargs)
         if not shaped_by_metadata(func, args, kwargs, out):
             raise NotRecordable(f"it calls {func}, which fake mode cannot run on metadata alone")
