@@ -25,13 +25,17 @@ of the node they ask about.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
 import torch.fx
 
-from .graph_edits import argument_nodes, arguments_by_name
-from .torch_internals import OpOverload, SchemaArgument, op_schema
+from .graph_edits import argument_nodes
+from .torch_internals import OpOverload, op_schema
+
+#: An argument's place in a call: its position and its schema name (keyword form).
+_Slot = tuple[int, str]
 
 
 class _AliasClasses:
@@ -174,13 +178,27 @@ def is_opaque(node: torch.fx.Node) -> bool:
     )
 
 
-def _bound_arguments(node: torch.fx.Node) -> list[tuple[SchemaArgument, object]]:
-    """(schema argument, value) pairs of an aten call, positional and keyword alike."""
-    op = node.target
-    if not isinstance(op, OpOverload):  # callers ask only about aten calls (not is_opaque)
-        raise TypeError(f"node {node.name!r} is not an aten call: {op!r}")
-    by_name = arguments_by_name(node, op)
-    return [(a, by_name[a.name]) for a in op_schema(op).arguments if a.name in by_name]
+@functools.cache
+def _alias_annotations(op: OpOverload) -> tuple[bool, tuple[_Slot, ...], tuple[_Slot, ...]]:
+    """Whether ``op`` returns an alias, and (position, name) of its arguments that its result
+    may alias and of those it writes: read from its schema once per op (the scans ask per
+    node, thousands of times)."""
+    arguments = list(enumerate(op_schema(op).arguments))
+    aliased = tuple((i, a.name) for i, a in arguments if a.alias_info is not None)
+    written = tuple((i, a.name) for i, a in arguments if a.alias_info and a.alias_info.is_write)
+    returns_alias = any(r.alias_info is not None for r in op_schema(op).returns)
+    return returns_alias, aliased, written
+
+
+def _argument_nodes_at(node: torch.fx.Node, slots: tuple[_Slot, ...]) -> list[torch.fx.Node]:
+    """The nodes among ``node``'s arguments at ``slots``, positional or keyword alike."""
+    found: list[torch.fx.Node] = []
+    for position, name in slots:
+        if position < len(node.args):
+            found += argument_nodes(node.args[position])
+        elif name in node.kwargs:
+            found += argument_nodes(node.kwargs[name])
+    return found
 
 
 def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -192,18 +210,11 @@ def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
         return [source] if isinstance(source, torch.fx.Node) and _returns_alias(source) else []
     if not _returns_alias(node):
         return []
-    return [
-        value
-        for argument, value in _bound_arguments(node)
-        if argument.alias_info is not None
-        for value in argument_nodes(value)
-    ]
+    return _argument_nodes_at(node, _alias_annotations(node.target)[1])
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:
-    if not isinstance(node.target, OpOverload):
-        return False
-    return any(r.alias_info is not None for r in op_schema(node.target).returns)
+    return isinstance(node.target, OpOverload) and _alias_annotations(node.target)[0]
 
 
 def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -212,9 +223,4 @@ def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
         return argument_nodes((node.args, node.kwargs))
     if not isinstance(node.target, OpOverload):
         return []  # placeholders, get_attr, getitem: no writes
-    return [
-        value
-        for argument, value in _bound_arguments(node)
-        if argument.alias_info is not None and argument.alias_info.is_write
-        for value in argument_nodes(value)
-    ]
+    return _argument_nodes_at(node, _alias_annotations(node.target)[2])
