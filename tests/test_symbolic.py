@@ -231,10 +231,14 @@ COMPILE_SIZES = (6, 8, 11, 15)
 def compile_and_run(fn, make, training, dynamic, sizes=COMPILE_SIZES):
     """Compile ``fn`` with a capturing inner compiler, check every size against eager, and
     return the as_strided count of each graph the inner compiler got."""
+    return compile_and_check(fn, [make(n) for n in sizes], training, dynamic)
+
+
+def compile_and_check(fn, inputs, training, dynamic):
+    """:func:`compile_and_run` over a list of argument tuples."""
     recorder = Recorder()
     compiled = torch.compile(fn, backend=fxviews.backend(inner=recorder), dynamic=dynamic)
-    for n in sizes:
-        args = make(n)
+    for args in inputs:
         expected = run(fn, args, training)
         torch.testing.assert_close(run(compiled, args, training), expected)
     return recorder.as_strided_counts()
@@ -267,7 +271,7 @@ def test_trained_losses_reach_the_inner_compiler_as_static_shapes_do(name, dynam
     assert all(c == 0 for i, c in enumerate(counts) if static[i % 2] == 0), (static, counts)
 
 
-# --- the issue's three functions, and what no guard-free rewrite can do -------------------
+# --- the issue's three functions: rewritten, with a runtime assertion of their bounds -------
 
 
 def row_windows(x):
@@ -301,63 +305,184 @@ ISSUE = {
         lambda n: (torch.randn(n, n, requires_grad=True),),
         True,
     ),
+    # Its windows consumed inside the graph, not returned as a view of the input.
+    "row_windows_trained": (
+        trained(row_windows),
+        lambda n: grad_inputs((torch.randn(n, 3),)),
+        True,
+    ),
 }
-#: The compiles that keep more than the static one, and why no chain holds without a guard:
-#: a size the user wrote as a constant (3 columns, a square's n) is a symbol of its own there,
-#: and at some value the ShapeEnv allows, the as_strided reads past its input.
-UNSAFE_AT_SOME_SIZE = {
-    # dynamic=True: the 3 columns are a symbol c >= 2; at c = 2, rows 0..n-1 hold 2n elements
-    # and the windows read 3n of them.
-    ("row_windows", True): (6, 2),
-    ("transposed_window", True): (6, 2),
-    # automatic dynamic does not duck-size: (n, m) with n, m independent, and at m < n - 1
-    # the stride n + 1 walks past the last row.
-    ("diagonal_window", None): (6, 3),
+#: The compiles in which a size the user wrote as a constant (3 columns, a square's n) is a
+#: symbol of its own, so that at some size the graph allows the as_strided reads past its
+#: input: (name, dynamic): (shapes inside the bounds whose second dim differs from the
+#: hint's, a shape past them). dynamic=True makes the 3 columns a symbol c >= 2, and at c = 2
+#: the row windows read 3n of 2n elements; automatic dynamic gives the square's dims their
+#: own symbols n, m, and at m < n - 1 the stride n + 1 walks past the last row.
+ASSERTED = {
+    ("transposed_window", True): ([(3, 2), (7, 5)], (6, 2)),
+    ("diagonal_window", None): ([(8, 7), (7, 12)], (6, 3)),
+    ("row_windows_trained", True): ([(7, 4), (5, 5)], (6, 2)),
+    ("row_windows", True): ([(7, 4), (5, 5)], (6, 2)),
 }
+ISSUE_SIZES = (6, 8, 11)
+
+
+def issue_inputs(name, dynamic):
+    """The issue function's inputs at :data:`ISSUE_SIZES`, then (where the compile makes the
+    second dim a symbol) at shapes whose second dim differs from the hint's."""
+    _, make, training = ISSUE[name]
+    shapes = ASSERTED.get((name, dynamic), ([], None))[0]
+    return [make(n) for n in ISSUE_SIZES] + [
+        (torch.randn(shape, requires_grad=training),) for shape in shapes
+    ]
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
 @pytest.mark.parametrize("name", ISSUE)
-def test_issue_functions_keep_no_more_than_static_where_a_chain_is_safe(name, dynamic):
+def test_issue_functions_reach_the_inner_compiler_as_static_shapes_do(name, dynamic):
+    # Values and gradients equal eager at every size, and no graph holds more as_strided
+    # than the static compile's (a forward, and a backward when trained).
     fn, make, training = ISSUE[name]
-    sizes = (6, 8, 11)
-    static = compile_and_run(fn, make, training, dynamic=False, sizes=sizes[:1])
+    static = compile_and_run(fn, make, training, dynamic=False, sizes=ISSUE_SIZES[:1])
     reset_dynamo()
-    counts = compile_and_run(fn, make, training, dynamic=dynamic, sizes=sizes)
-    per_graph = len(static)  # a forward, and a backward when trained
-    more = [c for i, c in enumerate(counts) if c > static[i % per_graph]]
-    if (name, dynamic) not in UNSAFE_AT_SOME_SIZE:
-        assert not more, (static, counts)
-        return
-    assert more, (static, counts)  # kept: the next test shows why it must be
-    # The compiled function stays right at every size, the unsafe ones included: there it
-    # raises, or gives as_strided's values, exactly as eager does.
-    shape = UNSAFE_AT_SOME_SIZE[name, dynamic]
-    reset_dynamo()
-    compiled = torch.compile(fn, backend=fxviews.backend(), dynamic=dynamic)
-    for n in sizes:
-        run(compiled, make(n), training)
-    x = torch.randn(shape, requires_grad=training)
-    assert outcome(lambda a: run(compiled, (a,), training), x) is outcome(
-        lambda a: run(fn, (a,), training), x
-    )
+    counts = compile_and_check(fn, issue_inputs(name, dynamic), training, dynamic)
+    per_graph = len(static)
+    assert all(c <= static[i % per_graph] for i, c in enumerate(counts)), (static, counts)
 
 
-@pytest.mark.parametrize("key", UNSAFE_AT_SOME_SIZE)
-def test_issue_functions_kept_under_dynamic_shapes_say_why(key):
-    name, dynamic = key
+ASSERTION = "fxviews: the view ops that replace 'as_strided' need its reads inside its input"
+
+
+def captured_graphs(name, dynamic):
+    """The graphs AOTAutograd gives for the issue function (not rewritten), compiled at
+    :data:`ISSUE_SIZES`: the forward (and backward) of the last, symbolic, compile."""
     fn, make, training = ISSUE[name]
     graphs = []
 
-    def capture(gm, example_inputs):  # the graphs as AOTAutograd gives them: not rewritten
+    def capture(gm, example_inputs):
         graphs.append(gm)
         return internals.make_boxed_func(gm.forward)
 
     compiled = torch.compile(fn, backend=plain_aot(capture), dynamic=dynamic)
-    for n in (6, 8, 11):
+    for n in ISSUE_SIZES:
         run(compiled, make(n), training)
-    kept = [r for gm in graphs for r in fxviews.rewrite(gm).records if r.method == "kept"]
-    assert kept and all("for every size" in r.reason for r in kept), kept
+    return graphs[-2:] if training else graphs[-1:]
+
+
+def graph_inputs(gm, x):
+    """The arguments of a forward graph whose one tensor input is ``x``: each int input is
+    its symbol's value at ``x``'s sizes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    [tensor] = [p for p in placeholders if isinstance(p.meta["val"], torch.Tensor)]
+    values = {
+        size.node.expr: actual
+        for size, actual in zip(tensor.meta["val"].shape, x.shape, strict=True)
+        if isinstance(size, torch.SymInt)
+    }
+    return [
+        x if p is tensor else int(p.meta["val"].node.expr.xreplace(values)) for p in placeholders
+    ]
+
+
+@pytest.mark.parametrize("key", ASSERTED)
+def test_rewritten_graph_asserts_its_bounds_and_raises_past_them(key):
+    name, dynamic = key
+    fn, _, training = ISSUE[name]
+    forward = captured_graphs(name, dynamic)[0]
+    res = fxviews.rewrite(forward)
+    [record] = [r for r in res.records if r.node == "as_strided"]
+    assert record.method == "synthesized" and "asserts at run time that" in record.reason
+    gm = res.graph_module
+    assert len(as_strided_nodes(gm)) == 0
+    assert any(n.target is aten._assert_scalar.default for n in gm.graph.nodes)
+    assert not any(n.target is aten.sym_size.int for n in gm.graph.nodes)
+    inside, past = ASSERTED[key]
+    for shape in inside:  # the rewritten graph itself, at sizes the hint does not have
+        x = torch.randn(shape)
+        torch.testing.assert_close(gm(*graph_inputs(gm, x))[0], fn(x))
+    # Past the bounds eager raises, and so does the graph: with the assertion's message, not
+    # a clamped or garbage answer.
+    x = torch.randn(past)
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        fn(x)
+    with pytest.raises(RuntimeError, match=ASSERTION):
+        gm(*graph_inputs(gm, x))
+    # ... and so does the compiled function: no recompile, the assertion fires.
+    reset_dynamo()
+    compiled = torch.compile(fn, backend=fxviews.backend(), dynamic=dynamic)
+    for args in issue_inputs(name, dynamic):
+        run(compiled, args, training)
+    with pytest.raises(RuntimeError, match=ASSERTION):
+        run(compiled, (torch.randn(past, requires_grad=training),), training)
+
+
+def batched(args, samples, bd):
+    """``args`` with its one tensor replaced by ``samples`` stacked at ``bd``, and in_dims."""
+    position = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    args = [*args]
+    args[position] = torch.stack(samples, dim=bd if bd >= 0 else samples[0].dim())
+    return args, tuple(bd if i == position else None for i in range(len(args)))
+
+
+@pytest.mark.parametrize("bd", [0, 1, -1])
+@pytest.mark.parametrize("key", ASSERTED)
+def test_vmap_of_a_graph_with_the_assertion_is_right_at_every_batch_position(key, bd):
+    name, dynamic = key
+    fn = ISSUE[name][0]
+    res = fxviews.rewrite(captured_graphs(name, dynamic)[0])
+    gm = res.graph_module
+
+    def first_output(*args):
+        return gm(*args)[0]
+
+    inside, past = ASSERTED[key]
+    for shape in [(7, 7) if name == "diagonal_window" else (7, 3), *inside]:
+        samples = [torch.randn(shape) for _ in range(3)]
+        args, in_dims = batched(graph_inputs(gm, samples[0]), samples, bd)
+        if name == "row_windows" and bd == 1:
+            # The graph returns a view of its input through view(x, [-1]): its aliasing is
+            # observable, so the view stays one, and pinning never copies a graph input. It
+            # is layout-bound (README, Limitations): vmap raises where the batch dim sits
+            # between the merged dims, and says why.
+            assert any(r.method == "kept" and "graph input" in r.reason for r in res.pin_records)
+            with pytest.raises(RuntimeError, match="view size is not compatible"):
+                torch.func.vmap(first_output, in_dims=in_dims)(*args)
+            continue
+        out = torch.func.vmap(first_output, in_dims=in_dims)(*args)
+        for b, sample in enumerate(samples):
+            torch.testing.assert_close(out[b], fn(sample))
+    x = torch.randn(past)
+    args, in_dims = batched(graph_inputs(gm, x), [x, x], bd)
+    with pytest.raises(RuntimeError, match=ASSERTION):
+        torch.func.vmap(first_output, in_dims=in_dims)(*args)
+
+
+def test_inductor_compiles_the_asserted_rewrites_and_stays_right():
+    # Inductor lowers _assert_scalar on sizes to nothing (torch 2.13), but its own lowering of
+    # the chain's first slice guards on the same bound: past it Dynamo recompiles, fxviews
+    # keeps the as_strided for a graph traced there, and the inner compiler gets what plain
+    # Inductor gets. Inside the bounds every compile is right.
+    for name, dynamic in ASSERTED:
+        fn, _, training = ISSUE[name]
+        reset_dynamo()
+        compiled = torch.compile(fn, backend=fxviews.backend(inner="inductor"), dynamic=dynamic)
+        for args in issue_inputs(name, dynamic):
+            torch.testing.assert_close(run(compiled, args, training), run(fn, args, training))
+    # The last compile was row_windows': past its bounds it raises, as eager does.
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        compiled(torch.randn(ASSERTED["row_windows", True][1]))
+
+
+@pytest.mark.parametrize("name", ISSUE)
+def test_make_fx_graphs_without_size_inputs_keep_the_issue_functions_and_say_why(name):
+    # make_fx graphs read sizes from tensors, so no int input can carry the assertion.
+    fn = ISSUE[name][0]
+    x = torch.randn(8, 9 if name == "diagonal_window" else 5)  # two symbols: no duck sizing
+    gm = make_fx(fn, tracing_mode="symbolic")(x)
+    [record] = fxviews.rewrite(gm).records
+    assert record.method == "kept"
+    assert "cannot assert at run time: no graph input holds those sizes" in record.reason
+    torch.testing.assert_close(fxviews.rewrite(gm).graph_module(x), fn(x))
 
 
 def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_strided():
@@ -372,23 +497,44 @@ def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_stri
     assert counts == [0, 0, 0, 0]
 
 
-def test_a_window_past_the_smallest_input_is_kept_and_right():
-    # a.t().as_strided((2, 3), (1, 2), 1) reads storage elements 1..6 of a (n, 3) input: inside
-    # it only for n >= 3, and the shape environment allows n = 2. Kept, in both graphs.
-    counts = compile_and_run(
-        transposed_window_loss, lambda n: (torch.randn(n, 3, requires_grad=True),), True, None
-    )
-    assert counts[:2] == [0, 0] and counts[2] >= 1
+def test_a_window_past_the_smallest_input_is_rewritten_with_its_bounds_asserted():
+    # a.t().as_strided((2, 3), (1, 2), 1) reads storage elements 1..6 of an (n, 3) input: inside
+    # it only for n >= 3, and the shape environment allows n = 2. Rewritten in both graphs,
+    # the forward asserting 7 <= 3n; at n = 2 the compiled loss raises, as eager does.
+    def make(n):
+        return (torch.randn(n, 3, requires_grad=True),)
+
+    assert compile_and_run(transposed_window_loss, make, True, None) == [0, 0, 0, 0]
+    reset_dynamo()
+    compiled = torch.compile(transposed_window_loss, backend=fxviews.backend())
+    for n in COMPILE_SIZES:
+        run(compiled, make(n), True)
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        run(transposed_window_loss, make(2), True)
+    with pytest.raises(RuntimeError, match=ASSERTION):
+        run(compiled, make(2), True)
 
 
-def test_scalar_mismatch_in_as_strided_sizes_stays_right():
-    # The diagonal stride n + 1 of a non-square input is not a diagonal: kept, still right.
+def test_a_stride_past_the_row_is_rewritten_with_its_bounds_asserted():
+    # x.as_strided((n,), (n + 1,)) of an (n, m) input (dynamic=True: m is its own symbol)
+    # reads up to element (n - 1)(n + 1): inside where n*n <= n*m. The stepped slice over the
+    # flat buffer asserts that; the backward's buffer is sized for the reads, and needs none.
     def rows_stride(x):
         n = x.shape[0]
         return x.as_strided((n,), (n + 1,))
 
-    counts = compile_and_run(rows_stride, lambda n: (torch.randn(n, n + 3),), False, True)
-    assert counts == [1]
+    recorder = Recorder()
+    compiled = torch.compile(rows_stride, backend=fxviews.backend(inner=recorder), dynamic=True)
+    for n in COMPILE_SIZES:
+        x = torch.randn(n, n + 3)
+        torch.testing.assert_close(compiled(x), rows_stride(x))
+    assert recorder.as_strided_counts() == [0]
+    [gm] = recorder.graphs
+    assert any(n.target is aten._assert_scalar.default for n in gm.graph.nodes)
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        rows_stride(torch.randn(6, 4))
+    with pytest.raises(RuntimeError, match=ASSERTION):
+        compiled(torch.randn(6, 4))
 
 
 def test_pytorch_failures_are_reported_unchanged():
