@@ -16,7 +16,10 @@ input's exact geometry and must reproduce the target's geometry):
                  geometry (``ViewIndex``): replay those ops on the input;
 3. scatter     - the input is a flat buffer that a sibling as_strided restores to a dense base:
                  unflatten to that base, then provenance or synthesis relative to it;
-4. synthesized - derive a chain from the two geometries (``synthesis.synthesize``).
+4. synthesized - derive a chain from the two geometries (``synthesis.synthesize``); with
+                 symbolic shapes, last, a chain over the flat buffer of a dense input, proven
+                 where the as_strided reads inside it and asserting that at run time
+                 (Note [Rewrites that assert their reads stay inside the input]).
 
 If none verifies, the node is kept with the reason: a witness address when it reads memory the
 input does not expose (unsafe), or "no view form" when it may be safe but no view op chain
@@ -324,7 +327,7 @@ class AsStridedToViews(RecordingPass):
             if assertion is not None:  # checked before the chain's views can raise or clamp
                 for made in assertion.emit(graph, node, before=before_chain.next):
                     made.meta[MADE_FOR] = node.name
-                reason = f"{_REASONS['bounded']}, and asserts at run time that {assertion}"
+                reason = f"{_BOUNDED}, and asserts at run time that {assertion}"
             context.replacer.replace(node, out)
             if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
@@ -364,9 +367,9 @@ _REASONS = {
     "provenance": "replays the graph's own view ops from a base of the same geometry",
     "scatter": "relative to the dense base view of its flat buffer",
     "synthesized": "view ops derived from the input and target geometries, verified",
-    # Not a method: the reason of a synthesized chain that asserts its input bounds.
-    "bounded": "view ops over its input's flat buffer, proven wherever it reads inside its input",
 }
+#: The reason of a synthesized chain that asserts its input bounds (see bounded_reads).
+_BOUNDED = "view ops over its input's flat buffer, proven wherever it reads inside its input"
 
 
 def _is_as_strided(node: torch.fx.Node) -> bool:

@@ -45,8 +45,10 @@ as_strided reads past its input keeps it, so the inner compiler gets what it got
 
 Example::
 
+    >>> # x.as_strided((n - 1, 2, 3), (3, 3, 1)) on an (n, c) input, n = s77 and c = s27
     >>> [(describe_chain(c, "x"), str(a)) for c, _, a in bounded_candidates(src, dst, facts)]
-    [('unfold(unfold(slice(view(x, [-1]), 0, 0, 3*s77), 0, 6, 3), 1, 3, 3)', '3*s77 <= s27*s77')]
+    [('view(unfold(slice(view(x, [-1]), 0, 0, 3*s77), 0, 6, 3), [s77 - 1, -1, 3])',
+      '3*s77 <= s27*s77')]
 """
 
 from __future__ import annotations

@@ -166,8 +166,9 @@ def emit_size_expression(
 
     Example::
 
-        >>> emit_size_expression(emit, n**2 - n - 1, {n: primals_1})   # three new nodes
-        add      # add = mul + (primals_1 * -1) + -1 ... as operator.mul/add nodes
+        >>> emit_size_expression(emit, n**2 - n - 1, {n: primals_1})
+        add_1    # mul = primals_1 * primals_1; mul_1 = -1 * primals_1;
+                 # add = -1 + mul; add_1 = add + mul_1  (sympy's order of terms)
     """
     if expr.is_Integer:
         return int(expr)

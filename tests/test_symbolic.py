@@ -9,11 +9,13 @@ other than the one it was traced on, and under ``vmap`` with the batch dim physi
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 
 import fxviews
 from fxviews.examples import push_jvp
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.symbolic_geometry import ShapeFacts
 from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
 from tests.test_backend import (
@@ -389,7 +391,12 @@ def test_rewritten_graph_asserts_its_bounds_and_raises_past_them(key):
     name, dynamic = key
     fn, _, training = ISSUE[name]
     forward = captured_graphs(name, dynamic)[0]
+    val = next(
+        n.meta["val"] for n in forward.graph.nodes if isinstance(n.meta["val"], torch.SymInt)
+    )
+    guards = list(val.node.shape_env.guards)
     res = fxviews.rewrite(forward)
+    assert val.node.shape_env.guards == guards  # the proof and the emission add no guard
     [record] = [r for r in res.records if r.node == "as_strided"]
     assert record.method == "synthesized" and "asserts at run time that" in record.reason
     gm = res.graph_module
@@ -407,7 +414,8 @@ def test_rewritten_graph_asserts_its_bounds_and_raises_past_them(key):
         fn(x)
     with pytest.raises(RuntimeError, match=ASSERTION):
         gm(*graph_inputs(gm, x))
-    # ... and so does the compiled function: no recompile, the assertion fires.
+    # ... and so does the compiled function: the assertion fires, so no guard made Dynamo
+    # recompile there (a recompile would keep the as_strided and raise eager's error).
     reset_dynamo()
     compiled = torch.compile(fn, backend=fxviews.backend(), dynamic=dynamic)
     for args in issue_inputs(name, dynamic):
@@ -725,3 +733,34 @@ def test_symbolic_geometries_are_rewritten_or_kept_and_right_at_every_size(name)
             torch.testing.assert_close(got, want, msg=f"n={n}")
         else:  # eager raises at this size: so must the graph
             assert got is want, f"n={n}: {got}"
+
+
+# --- the proofs the asserted rewrites rest on ------------------------------------------------
+
+
+def test_shape_facts_prove_under_an_assumption_and_only_there():
+    gm = make_fx(lambda x: x + 1, tracing_mode="symbolic")(torch.randn(8, 9))
+    n, m = next(p for p in gm.graph.nodes if p.op == "placeholder").meta["val"].shape
+    facts = ShapeFacts.of([n])
+    n, m = facts.expression(n), facts.expression(m)
+    reads_inside = sympy.Le(n**2 - n - 1, n * m)  # the diagonal window's in-bounds condition
+    assumed = facts.assuming(n * m - (n**2 - n - 1))
+    assert not facts.proves(reads_inside) and assumed.proves(reads_inside)
+    assert not facts.proves(reads_inside)  # assuming makes new facts; these are unchanged
+    # Only what follows: 3n <= n*m fails at m = 2, and the assumption does not give it.
+    assert not assumed.proves(sympy.Le(3 * n, n * m))
+    assert assumed.holds_at({n: 6, m: 5}) and not assumed.holds_at({n: 6, m: 3})
+
+
+def test_shape_facts_prove_polynomials_and_maxima_from_lower_bounds():
+    gm = make_fx(lambda x: x + 1, tracing_mode="symbolic")(torch.randn(8, 9))
+    n_int, m_int = next(p for p in gm.graph.nodes if p.op == "placeholder").meta["val"].shape
+    facts = ShapeFacts.of([n_int])
+    n, m = facts.expression(n_int), facts.expression(m_int)
+    # n >= 2: n**2 - n - 1 >= 1, which interval arithmetic on n**2 and -n alone cannot see.
+    assert facts.proves(sympy.Ge(n**2 - n - 1, 1))
+    assert not facts.proves(sympy.Ge(n**2 - n - 1, 2))  # 1 at n = 2
+    # A backward's buffer is Max(n*m, 3n - 3) long: each argument fits in it.
+    buffer = facts.expression(torch.sym_max(n_int * m_int, 3 * n_int - 3))
+    assert facts.proves(sympy.Le(n * m, buffer)) and facts.proves(sympy.Le(3 * n - 3, buffer))
+    assert not facts.proves(sympy.Le(n * m + 1, buffer))
