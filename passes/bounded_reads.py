@@ -158,6 +158,9 @@ def why_not_asserted(source: SymbolicGeometry, target: SymbolicGeometry, facts: 
         return ""
     if not sympy.Le(end, numel).xreplace(facts.hints):
         return f"; it reads past its input at the trace-time sizes ({end} > {numel})"
+    held = {expr for expr in facts.size_inputs if expr.is_Symbol}
+    if (end.free_symbols | numel.free_symbols) <= held:
+        return ""  # the chain over the flat buffer was not proven: the failure above says why
     return (
         f"; over its input's flat buffer it is right where {end} <= {numel}, which the graph "
         "cannot assert at run time: no graph input holds those sizes"

@@ -25,7 +25,9 @@ valid where its guards hold: Dynamo checks them before each call, and export's
    relation is proven if it holds for one of them (``n*m <= Max(n*m, 3*n - 3)``). Where the
    bounds of a polynomial are lost to interval arithmetic (``n**2 - n - 1`` over ``n >= 2``),
    each symbol is written as its lower bound plus a non-negative ``t`` first
-   (``t**2 + 3*t + 1``).
+   (``t**2 + 3*t + 1``). An expression that is an integer at every point (integer
+   coefficients, sizes and floor divisions) is ``>= 0`` where its bound is ``> -1``:
+   ``s//2 - 1`` is ``(s - r)/2 - 1 >= -1/2`` over ``s >= 2``.
 3. Facts made with :meth:`ShapeFacts.assuming` also hold a condition ``a >= 0`` the graph
    asserts at run time (see ``bounded_reads``): ``e >= 0`` is proven from it where ``e - a``
    is bounded below by 0 as above. Only proofs made for that graph's rewrite use it.
@@ -314,10 +316,13 @@ class ShapeFacts:
         bound."""
         linear, remainders = _without_floor_divisions(expr)
         ranges = {**self.ranges, **remainders}
+        # An integer is >= 0 where it is > -1: bounds of the exact linear form may be
+        # fractions (n//2 - 1 over n >= 2 is (n - r)/2 - 1 >= -1/2), the value is not.
+        least = 0 if strict or not _is_integer_valued(expr) else -1
         forms = [(sympy.expand(linear), ranges), _shifted_to_lower_bounds(linear, ranges)]
         for form, form_ranges in forms:
             bound = internals.bound_sympy(form, form_ranges)
-            if bool(bound.lower > 0) if strict else bool(bound.lower >= 0):
+            if bool(bound.lower > least) or (least == 0 and not strict and bound.lower >= 0):
                 return True
         return False
 
@@ -511,3 +516,18 @@ def _shifted_to_lower_bounds(expr: Expr, ranges: Mapping[Any, Any]) -> tuple[Exp
         shifts[symbol] = value_range.lower + t
         shifted_ranges[t] = internals.ValueRanges(0, value_range.upper - value_range.lower)
     return sympy.expand(expr.xreplace(shifts)), shifted_ranges
+
+
+def _is_integer_valued(expr: Expr) -> bool:
+    """Whether ``expr`` is an integer wherever its symbols are: integer symbols, integer
+    coefficients, and only sums, products, powers, floor divisions and extrema of those."""
+    if not all(symbol.is_integer for symbol in expr.free_symbols):
+        return False
+    for node in sympy.preorder_traversal(expr):
+        if node.is_Number and not node.is_Integer:
+            return False
+        if node.is_Pow and not (node.exp.is_Integer and node.exp >= 0):
+            return False
+        if node.is_Function and node.func.__name__ not in ("FloorDiv", "Max", "Min"):
+            return False
+    return True

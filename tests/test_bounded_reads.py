@@ -22,6 +22,7 @@ from tests.test_symbolic import (
     compile_and_run,
     fresh_dynamo,  # noqa: F401  (autouse: a fresh Dynamo around each test)
     grad_inputs,
+    outcome,
     trained,
 )
 
@@ -313,7 +314,56 @@ def test_shape_facts_prove_polynomials_and_maxima_from_lower_bounds():
     # n >= 2: n**2 - n - 1 >= 1, which interval arithmetic on n**2 and -n alone cannot see.
     assert facts.proves(sympy.Ge(n**2 - n - 1, 1))
     assert not facts.proves(sympy.Ge(n**2 - n - 1, 2))  # 1 at n = 2
+    # n//2 >= 1 over n >= 2: an integer, so a bound of 1/2 for (n - r)/2 (r = n % 2) shows it.
+    assert facts.proves(sympy.Ge(facts.expression(n_int // 2), 1))
+    assert not facts.proves(sympy.Ge(facts.expression(n_int // 2), 2))
     # A backward's buffer is Max(n*m, 3n - 3) long: each argument fits in it.
     buffer = facts.expression(torch.sym_max(n_int * m_int, 3 * n_int - 3))
     assert facts.proves(sympy.Le(n * m, buffer)) and facts.proves(sympy.Le(3 * n - 3, buffer))
     assert not facts.proves(sympy.Le(n * m + 1, buffer))
+
+
+# --- more geometries over a dense input: right where eager is, raising where it raises --------
+
+
+def _columns(x):
+    return x.shape[1]
+
+
+#: name: function of an (n, c) input. dynamic=True makes n and c symbols; some read past the
+#: input at small c, some never do, one has no flat chain (a symbolic step unfold cannot take).
+GEOMETRIES = {
+    # Windows of 3 every 2 elements: they end at 2n - 1 <= n*c, inside at every size.
+    "windows_every_two": lambda x: x.as_strided((x.shape[0] - 1, 3), (2, 1)),
+    # Two rows of n from element 1: inside where 2n + 1 <= n*c (not at c = 2).
+    "rows_of_n": lambda x: x.as_strided((2, x.shape[0]), (x.shape[0], 1), 1),
+    # Pairs every c + 1 elements: a symbolic unfold step, so no flat chain (kept).
+    "pairs_past_each_row": lambda x: x.as_strided((x.shape[0] - 1, 2), (_columns(x) + 1, 1)),
+    # The transpose of a (3, n) window, consumed: inside where 3n <= n*c.
+    "transposed_block": lambda x: x.as_strided((x.shape[0], 3), (1, x.shape[0])).sin(),
+    # A read every n + 2 elements, n//2 of them: its end (n//2)(n + 2) - n + 1 mixes a floor
+    # division and a product, which the bounds cannot order (kept).
+    "every_n_plus_two": lambda x: x.as_strided((x.shape[0] // 2,), (x.shape[0] + 2,), 1),
+    # n elements 3 apart: inside where 3n - 2 <= n*c, a stepped slice of the flat buffer.
+    "every_third": lambda x: x.as_strided((x.shape[0],), (3,)),
+}
+#: The geometries kept (by their own reason); the others reach the inner compiler as views.
+KEPT_GEOMETRIES = ("pairs_past_each_row", "every_n_plus_two")
+#: Shapes past the hint's: column counts above, at and below the sizes the reads need.
+GEOMETRY_SHAPES = ((9, 7), (5, 2), (7, 3), (4, 4), (12, 2), (3, 9))
+
+
+@pytest.mark.parametrize("name", GEOMETRIES)
+def test_dense_geometries_are_right_where_eager_is_and_raise_where_it_raises(name):
+    fn = GEOMETRIES[name]
+    recorder = Recorder()
+    compiled = torch.compile(fn, backend=fxviews.backend(inner=recorder), dynamic=True)
+    torch.testing.assert_close(compiled(x := torch.randn(8, 6)), fn(x))
+    for shape in GEOMETRY_SHAPES:
+        x = torch.randn(shape)
+        want, got = outcome(fn, x), outcome(compiled, x)
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want, msg=f"{shape}")
+        else:  # eager raises here: so must the compiled function, never answer
+            assert got is want, f"{shape}: {got}"
+    assert recorder.as_strided_counts()[0] == (name in KEPT_GEOMETRIES)
