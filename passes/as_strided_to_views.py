@@ -16,7 +16,10 @@ input's exact geometry and must reproduce the target's geometry):
                  geometry (``ViewIndex``): replay those ops on the input;
 3. scatter     - the input is a flat buffer that a sibling as_strided restores to a dense base:
                  unflatten to that base, then provenance or synthesis relative to it;
-4. synthesized - derive a chain from the two geometries (``synthesis.synthesize``).
+4. synthesized - derive a chain from the two geometries (``synthesis.synthesize``); with
+                 symbolic shapes, last, a chain over the flat buffer of a dense input, proven
+                 where the as_strided reads inside it and asserting that at run time
+                 (Note [Rewrites that assert their reads stay inside the input]).
 
 If none verifies, the node is kept with the reason: a witness address when it reads memory the
 input does not expose (unsafe), or "no view form" when it may be safe but no view op chain
@@ -54,14 +57,15 @@ import sympy
 import torch
 import torch.fx
 
-from . import torch_internals as internals
 from .aliasing import written_arguments
 from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
+from .bounded_reads import InBounds, bounded_candidates, why_not_asserted
 from .chain import ViewChain, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter, with_size_nodes
 from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
-from .errors import FxViewsError, RequestedGeometry, UnsafeAsStridedError
+from .errors import RequestedGeometry, UnsafeAsStridedError
+from .example_inputs import check_example_inputs, ensure_metadata
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
 from .op_tables import METADATA_MUTATIONS
@@ -87,14 +91,7 @@ from .symbolic_geometry import (
 from .symbolic_synthesis import synthesize_symbolic
 from .symbolic_verification import apply_symbolic, verify_symbolic_chain
 from .synthesis import synthesize
-from .torch_internals import (
-    FakeTensorMode,
-    LazyGraphModule,
-    OpOverload,
-    disable_current_modes,
-    graph_pytree_info,
-    install_graph,
-)
+from .torch_internals import LazyGraphModule, OpOverload, disable_current_modes, install_graph
 
 aten = torch.ops.aten
 log = logging.getLogger("fxviews")
@@ -137,6 +134,8 @@ class _Symbolic:
     facts: ShapeFacts
     source: SymbolicGeometry
     target: SymbolicGeometry
+    #: The condition a chain proven under it asserts at run time (see bounded_reads).
+    assertion: InBounds | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +219,7 @@ class AsStridedToViews(RecordingPass):
         self.opset = as_opset(opset)
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
-        _check_example_inputs(graph_module, self.example_inputs)
+        check_example_inputs(graph_module, self.example_inputs)
         if not any(_is_as_strided(n) for n in graph_module.graph.nodes):
             return RecordedPassResult(graph_module, False)
         # Verification runs ops on meta tensors: a tracer or transform active around the pass
@@ -245,7 +244,7 @@ class AsStridedToViews(RecordingPass):
         one record per node."""
         graph = graph_module.graph
         nodes = [n for n in graph.nodes if _is_as_strided(n)]
-        _ensure_metadata(graph_module, nodes, self.example_inputs)
+        ensure_metadata(graph_module, nodes, self.example_inputs)
         facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
         if facts is not None:
             facts.bind_size_inputs(graph)
@@ -308,25 +307,31 @@ class AsStridedToViews(RecordingPass):
                 "its trace-time layout is ambiguous",
             )
         unwritten = ""  # why the first verified chain has no form in the opset
-        for method, view_chain in _candidates(call, context.index):
-            if not call.verifies(view_chain):
+        for method, view_chain, chosen in _candidates(call, context.index):
+            if not chosen.verifies(view_chain):
                 continue
-            chain, why = call.in_opset(view_chain, context)
+            chain, why = chosen.in_opset(view_chain, context)
             if chain is None:
                 described = describe_chain(view_chain, call.source.name)
                 unwritten = unwritten or (
                     f"{described} gives it, but not in the {context.opset.value} opset: {why}"
                 )
                 continue
-            emitted = _emit(graph, call, chain, context.opset)
+            before_chain = node.prev  # the chain's nodes go between it and the node
+            emitted = _emit(graph, chosen, chain, context.opset)
             if emitted is None:
                 continue
             after, out = emitted
+            reason = _REASONS[method]
+            assertion = None if chosen.symbolic is None else chosen.symbolic.assertion
+            if assertion is not None:  # checked before the chain's views can raise or clamp
+                for made in assertion.emit(graph, node, before=before_chain.next):
+                    made.meta[MADE_FOR] = node.name
+                reason = f"{_BOUNDED}, and asserts at run time that {assertion}"
             context.replacer.replace(node, out)
             if not node.users:  # else the output still holds it: erased after finish()
                 graph.erase_node(node)
-            reason = _REASONS[method]
-            return _record(call, after, method, reason)
+            return _record(chosen, after, method, reason)
         if unwritten:
             return _kept(call, unwritten)
         return _kept(call, _why_kept(call))
@@ -363,6 +368,8 @@ _REASONS = {
     "scatter": "relative to the dense base view of its flat buffer",
     "synthesized": "view ops derived from the input and target geometries, verified",
 }
+#: The reason of a synthesized chain that asserts its input bounds (see bounded_reads).
+_BOUNDED = "view ops over its input's flat buffer, proven wherever it reads inside its input"
 
 
 def _is_as_strided(node: torch.fx.Node) -> bool:
@@ -377,89 +384,6 @@ def _record(call: _Call, after: str, method: str, reason: str) -> Record:
 
 def _kept(call: _Call, reason: str) -> Record:
     return _record(call, "", "kept", reason)
-
-
-def _check_example_inputs(gm: torch.fx.GraphModule, example_inputs: object) -> None:
-    """Reject ``example_inputs`` that cannot be the graph's positional inputs, naming why.
-
-    Example::
-
-        >>> _check_example_inputs(gm, torch.randn(4))
-        TypeError: example_inputs must be a list or tuple of the graph's inputs, got Tensor
-    """
-    if example_inputs is None:
-        return
-    if not isinstance(example_inputs, (list, tuple)):
-        raise TypeError(
-            "example_inputs must be a list or tuple of the graph's inputs, got "
-            f"{type(example_inputs).__name__}"
-        )
-    names, required = _graph_inputs(gm)
-    if names is None:
-        return  # *args or **kwargs take any number
-    if not required <= len(example_inputs) <= len(names):
-        wanted = str(len(names)) if required == len(names) else f"{required} to {len(names)}"
-        raise FxViewsError(
-            f"example_inputs has {len(example_inputs)} values but the graph takes {wanted} "
-            f"inputs ({', '.join(names)})"
-        )
-
-
-def _graph_inputs(gm: torch.fx.GraphModule) -> tuple[list[str] | None, int]:
-    """The names of the inputs a caller passes to ``gm`` and how many are required.
-
-    None when the signature takes any number (``*args``). A graph traced from nested inputs
-    (make_fx's pytree code) takes its original arguments, not one per placeholder.
-    """
-    info = graph_pytree_info(gm.graph)
-    if info is not None and info.in_spec is not None:
-        return list(info.orig_args), len(info.orig_args)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if any(str(p.target).startswith("*") for p in placeholders):
-        return None, 0
-    required = [p for p in placeholders if not p.args]  # a placeholder's args: its default
-    return [p.name for p in placeholders], len(required)
-
-
-def _ensure_metadata(
-    gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], example_inputs: Sequence[Any] | None
-) -> None:
-    """Make sure every as_strided input carries its trace-time tensor value.
-
-    A value with symbolic sizes is metadata too: such nodes are kept later, with that reason.
-    """
-
-    def missing() -> object:
-        return next((n.args[0] for n in nodes if not _has_tensor_value(n.args[0])), None)
-
-    node = missing()
-    if node is None:
-        return
-    if example_inputs is not None:
-        try:
-            # Parameters and constants of the module stay real: the mode must accept them.
-            # Its dispatch cache would replay cached layouts (select_scatter at offset 0
-            # where the kernel keeps its input's offset): layouts here are facts, so no cache.
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-            mode.cache_enabled = False
-            internals.FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
-        except (RuntimeError, TypeError, ValueError, IndexError) as err:
-            # What ops raise on arguments that do not fit them: the inputs do not fit the graph.
-            raise FxViewsError(
-                f"could not compute tensor metadata for the graph from example_inputs: {err}"
-            ) from err
-        node = missing()
-        if node is None:
-            return
-    raise FxViewsError(
-        f"node {getattr(node, 'name', node)!r} feeds an as_strided but has no tensor metadata "
-        "(meta['val']); trace with fxviews.trace or make_fx, or pass example_inputs so "
-        "fxviews can compute it"
-    )
-
-
-def _has_tensor_value(node: object) -> bool:
-    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
 def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
@@ -518,24 +442,31 @@ _STATIC_ONLY = (aten.as_strided_.default,)
 _COPYABLE = (aten.as_strided.default, aten.as_strided_copy.default)
 
 
-def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain]]:
-    """Candidate chains, best first; each is verified by the caller. Lazily computed."""
-    if call.symbolic is not None:
-        yield from _symbolic_candidates(call, call.symbolic, index)
+def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain, _Call]]:
+    """Candidate chains, best first, each with the call to verify and emit it for (the call
+    itself, or one whose facts assume what the chain asserts); lazily computed."""
+    sym = call.symbolic
+    if sym is not None:
+        for method, found in _symbolic_candidates(call, sym, index):
+            yield method, found, call
+        for flat, facts, assertion in bounded_candidates(sym.source, sym.target, sym.facts):
+            settled = (facts.settled(sym.source), facts.settled(sym.target))
+            bounded = _Symbolic(facts, *settled, assertion)
+            yield "synthesized", flat, dataclasses.replace(call, symbolic=bounded)
         return
     source, target = call.source_geometry, call.target
     if equivalent(source, target):
-        yield "identity", ()
+        yield "identity", (), call
     chain = index.lookup(source, target)
     if chain is not None:
-        yield "provenance", chain
+        yield "provenance", chain, call
     for base in base_geometries(call.source, source):
         relative = index.lookup(base, target) or synthesize(base, target)
         if relative is not None:
-            yield "scatter", (base_view_step(base), *relative)
+            yield "scatter", (base_view_step(base), *relative), call
     chain = synthesize(source, target)
     if chain is not None:
-        yield "synthesized", chain
+        yield "synthesized", chain, call
 
 
 def _symbolic_candidates(
@@ -780,5 +711,5 @@ def _why_kept_symbolic(call: _Call, sym: _Symbolic) -> str:
     return (
         f"symbolic geometry (input {sym.source}): {describe_chain(at_hint, call.source.name)} "
         f"gives it at the trace-time sizes, but no view chain is proven to for every size the "
-        f"symbols may take ({failure})"
+        f"symbols may take ({failure}){why_not_asserted(sym.source, sym.target, sym.facts)}"
     )

@@ -21,7 +21,7 @@ import torch.fx
 from .chain import ViewStep
 from .fake_modes import in_one_fake_mode
 from .op_tables import LAYOUT_VIEWS
-from .symbolic_geometry import SizeFromInput
+from .symbolic_geometry import SizeFromInput, SizeOfInputs
 from .torch_internals import FakeTensor, OpOverload, no_dispatch, pytree
 
 
@@ -137,9 +137,58 @@ def with_size_nodes(emit: GraphEmitter, step: ViewStep) -> ViewStep:
 def _size_node(emit: GraphEmitter, arg: Any) -> Any:
     if isinstance(arg, list):
         return [_size_node(emit, a) for a in arg]
+    if isinstance(arg, SizeOfInputs):
+        return emit_size_expression(emit, arg.expr, dict(arg.inputs))
     if not isinstance(arg, SizeFromInput):
         return arg
     size: Any = arg.node
     if arg.scale != 1:
         size = emit(operator.mul, size, arg.scale)
     return emit(operator.add, size, arg.shift) if arg.shift else size
+
+
+def has_int_arithmetic_form(expr: Any) -> bool:
+    """Whether :func:`emit_size_expression` can emit ``expr`` (no ``Max``, no division)."""
+    if expr.is_Integer or expr.is_Symbol:
+        return True
+    if expr.is_Pow:
+        return bool(expr.exp.is_Integer and expr.exp > 0) and has_int_arithmetic_form(expr.base)
+    if expr.is_Add or expr.is_Mul or getattr(expr.func, "__name__", "") == "FloorDiv":
+        return all(has_int_arithmetic_form(a) for a in expr.args)
+    return False
+
+
+def emit_size_expression(
+    emit: GraphEmitter, expr: Any, inputs: dict[Any, torch.fx.Node]
+) -> torch.fx.Node | int:
+    """``expr`` (a sympy polynomial in symbols, with floor divisions) as int arithmetic on the
+    graph inputs holding its symbols (``inputs``); an int if it is one.
+
+    Example::
+
+        >>> emit_size_expression(emit, n**2 - n - 1, {n: primals_1})
+        add_1    # mul = primals_1 * primals_1; mul_1 = -1 * primals_1;
+                 # add = -1 + mul; add_1 = add + mul_1  (sympy's order of terms)
+    """
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return inputs[expr]
+    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
+        return _folded(emit, operator.mul, [expr.base] * int(expr.exp), inputs)
+    if expr.is_Add or expr.is_Mul:
+        return _folded(emit, operator.add if expr.is_Add else operator.mul, expr.args, inputs)
+    if getattr(expr.func, "__name__", "") == "FloorDiv":
+        return _folded(emit, operator.floordiv, expr.args, inputs)
+    raise ValueError(f"{expr} has no int arithmetic form")
+
+
+def _folded(
+    emit: GraphEmitter, op: Callable[..., Any], terms: Sequence[Any], inputs: dict[Any, Any]
+) -> Any:
+    """``op`` applied left to right over the emitted ``terms``."""
+    values = [emit_size_expression(emit, t, inputs) for t in terms]
+    out = values[0]
+    for value in values[1:]:
+        out = emit(op, out, value)
+    return out

@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,3 +33,14 @@ def in_one_fake_mode(vals: Sequence[Any]) -> list[Any]:
                 )
         out.append(val)
     return out
+
+
+def no_new_guards(val: Any) -> contextlib.AbstractContextManager[Any]:
+    """A context in which ops on ``val`` (a fake tensor with symbolic sizes) record no guard
+    in its ShapeEnv; a no-op for other values.
+
+    For steps that re-dispatch an op whose validity the graph already holds for every size:
+    a fake kernel evaluating a size question on the hints would otherwise add a guard.
+    """
+    shape_env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
+    return contextlib.nullcontext() if shape_env is None else shape_env.suppress_guards()

@@ -20,7 +20,17 @@ valid where its guards hold: Dynamo checks them before each call, and export's
    that bound one symbol linearly (``3*s - 6 >= 2`` gives ``s >= 3``), shows it. Each floor
    division ``a//k`` (stepped slices and windows are sized by them) is first written exactly
    as ``(a - r)/k`` with a fresh remainder ``0 <= r < k``, so that ``2*((s + 1)//2) - 1 <= s``
-   is ``s - r <= s``; an equality is proven as two inequalities.
+   is ``s - r <= s``; an equality is proven as two inequalities. A ``Max`` the side that must
+   be larger holds with a positive coefficient is at least each of its arguments, so the
+   relation is proven if it holds for one of them (``n*m <= Max(n*m, 3*n - 3)``). Where the
+   bounds of a polynomial are lost to interval arithmetic (``n**2 - n - 1`` over ``n >= 2``),
+   each symbol is written as its lower bound plus a non-negative ``t`` first
+   (``t**2 + 3*t + 1``). An expression that is an integer at every point (integer
+   coefficients, sizes and floor divisions) is ``>= 0`` where its bound is ``> -1``:
+   ``s//2 - 1`` is ``(s - r)/2 - 1 >= -1/2`` over ``s >= 2``.
+3. Facts made with :meth:`ShapeFacts.assuming` also hold a condition ``a >= 0`` the graph
+   asserts at run time (see ``bounded_reads``): ``e >= 0`` is proven from it where ``e - a``
+   is bounded below by 0 as above. Only proofs made for that graph's rewrite use it.
 
 Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
 asks a SymInt for a bool (which would install a guard decided on the hint); expressions are
@@ -37,6 +47,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +144,26 @@ class SizeFromInput:
         return scaled if self.shift == 0 else f"{scaled} {'+-'[self.shift < 0]} {abs(self.shift)}"
 
 
+@dataclass(frozen=True)
+class SizeOfInputs:
+    """A view op's argument computed by int arithmetic from graph inputs that hold symbols.
+
+    ``expr`` is a polynomial (with floor divisions) in symbols; ``inputs`` names the graph
+    input holding each. The end of a diagonal's stepped slice over an ``(n, m)`` input's flat
+    buffer, ``(n - 2) * (n + 1) + 1``, is ``SizeOfInputs(n**2 - n - 1, ((n, primals_1),))``.
+    """
+
+    expr: Expr
+    inputs: tuple[tuple[sympy.Symbol, torch.fx.Node], ...]
+
+    def __str__(self) -> str:
+        return str(self.expr)
+
+
+#: What a view op's argument may be besides an int: a size a graph input gives.
+SIZE_ARGUMENTS = (torch.fx.Node, SizeFromInput, SizeOfInputs)
+
+
 class Unproven(Exception):
     """A relation the ShapeEnv's facts neither prove nor refute: the chain cannot be trusted."""
 
@@ -150,6 +181,32 @@ class ShapeFacts:
         #: argument, and a backward graph the sizes its forward saved, such as ``s//2 - 1``),
         #: by expression: a chain may take a size from them. See bind_size_inputs.
         self.size_inputs: dict[Expr, torch.fx.Node] = {}
+        #: Conditions ``a >= 0`` the rewritten graph asserts at run time (see ``assuming``).
+        self.assumptions: tuple[Expr, ...] = ()
+
+    def assuming(self, condition: Expr) -> ShapeFacts:
+        """These facts and ``condition >= 0``: for proofs of a rewrite that asserts it.
+
+        Example::
+
+            >>> facts.assuming(n * m - 3 * n).proves(sympy.Le(3 * n, n * m))
+            True
+        """
+        assumed = copy.copy(self)
+        assumed.assumptions = (*self.assumptions, sympy.expand(condition))
+        return assumed
+
+    def holds_at(self, point: Mapping[sympy.Symbol, int]) -> bool:
+        """Whether every assumption holds at ``point`` (values for the symbols)."""
+        return all(bool(a.xreplace(point) >= 0) for a in self.assumptions)
+
+    def settled(self, geometry: SymbolicGeometry) -> SymbolicGeometry:
+        """``geometry`` with each ``Max``/``Min`` these facts settle replaced by its argument."""
+        return SymbolicGeometry(
+            tuple(self._settle_extrema(v) for v in geometry.sizes),
+            tuple(self._settle_extrema(v) for v in geometry.strides),
+            self._settle_extrema(geometry.offset),
+        )
 
     def bind_size_inputs(self, graph: torch.fx.Graph) -> None:
         """Record the graph's inputs whose value is a symbolic size.
@@ -181,6 +238,8 @@ class ShapeFacts:
         """
         if isinstance(value, SizeFromInput):
             return value.scale * self.expression(value.node) + value.shift
+        if isinstance(value, SizeOfInputs):
+            return value.expr
         if isinstance(value, torch.fx.Node):
             value = value.meta.get("val")
         if isinstance(value, bool):
@@ -239,12 +298,33 @@ class ShapeFacts:
         return False
 
     def _bounded_below(self, expr: Expr, strict: bool) -> bool:
-        """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, by its bounds over
-        the value ranges, each floor division written exactly with a remainder of known range
-        (see :func:`_without_floor_divisions`)."""
-        linear, remainders = _without_floor_divisions(sympy.expand(expr))
-        bound = internals.bound_sympy(sympy.expand(linear), {**self.ranges, **remainders})
-        return bool(bound.lower > 0) if strict else bool(bound.lower >= 0)
+        """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, alone, with one of
+        the arguments of a ``Max`` it grows with, or less an assumption (see the Note)."""
+        expr = sympy.expand(expr)
+        for case in (expr, *_without_maxima(expr)):
+            if any(self._bounds_show(c, strict) for c in (case, *self._less_assumptions(case))):
+                return True
+        return False
+
+    def _less_assumptions(self, expr: Expr) -> list[Expr]:
+        return [sympy.expand(expr - a) for a in self.assumptions]
+
+    def _bounds_show(self, expr: Expr, strict: bool) -> bool:
+        """Whether ``expr``'s bounds over the value ranges show it ``> 0`` (strict) or ``>= 0``,
+        each floor division written exactly with a remainder of known range (see
+        :func:`_without_floor_divisions`), and again with each symbol shifted to its lower
+        bound."""
+        linear, remainders = _without_floor_divisions(expr)
+        ranges = {**self.ranges, **remainders}
+        # An integer is >= 0 where it is > -1: bounds of the exact linear form may be
+        # fractions (n//2 - 1 over n >= 2 is (n - r)/2 - 1 >= -1/2), the value is not.
+        least = 0 if strict or not _is_integer_valued(expr) else -1
+        forms = [(sympy.expand(linear), ranges), _shifted_to_lower_bounds(linear, ranges)]
+        for form, form_ranges in forms:
+            bound = internals.bound_sympy(form, form_ranges)
+            if bool(bound.lower > least) or (least == 0 and not strict and bound.lower >= 0):
+                return True
+        return False
 
     def decide(self, relation: Any) -> bool:
         """``relation``'s truth value if it is proven or refuted for every value, else raise."""
@@ -406,3 +486,48 @@ def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:
             upper = min(current.upper, int(sympy.floor(bound)))
             ranges[symbol] = internals.ValueRanges(current.lower, upper)
     return ranges
+
+
+def _without_maxima(expr: Expr) -> list[Expr]:
+    """``expr`` with a ``Max`` it holds with a positive coefficient replaced by each of its
+    arguments: each is at most ``expr``, so one bounded below bounds ``expr`` below."""
+    out: list[Expr] = []
+    for extremum in set(sympy.preorder_traversal(expr)):
+        if getattr(extremum.func, "__name__", "") != "Max":
+            continue
+        coefficient = expr.coeff(extremum)
+        rest = sympy.expand(expr - coefficient * extremum)
+        if coefficient.is_number and coefficient > 0 and not rest.has(extremum):
+            out.extend(rest + coefficient * a for a in extremum.args)
+    return out
+
+
+def _shifted_to_lower_bounds(expr: Expr, ranges: Mapping[Any, Any]) -> tuple[Expr, dict[Any, Any]]:
+    """``expr`` with each symbol ``s`` of finite lower bound ``L`` written ``L + t`` for a
+    fresh ``t`` in ``[0, upper - L]``, expanded, and the ranges for it. Interval arithmetic
+    then keeps what the lower bounds give (``n**2 - n - 1`` over ``n >= 2`` is
+    ``t**2 + 3*t + 1``, at least 1)."""
+    shifts, shifted_ranges = {}, dict(ranges)
+    for symbol in expr.free_symbols:
+        value_range = ranges.get(symbol)
+        if value_range is None or not sympy.sympify(value_range.lower).is_Integer:
+            continue
+        t = sympy.Dummy("t", integer=True)
+        shifts[symbol] = value_range.lower + t
+        shifted_ranges[t] = internals.ValueRanges(0, value_range.upper - value_range.lower)
+    return sympy.expand(expr.xreplace(shifts)), shifted_ranges
+
+
+def _is_integer_valued(expr: Expr) -> bool:
+    """Whether ``expr`` is an integer wherever its symbols are: integer symbols, integer
+    coefficients, and only sums, products, powers, floor divisions and extrema of those."""
+    if not all(symbol.is_integer for symbol in expr.free_symbols):
+        return False
+    for node in sympy.preorder_traversal(expr):
+        if node.is_Number and not node.is_Integer:
+            return False
+        if node.is_Pow and not (node.exp.is_Integer and node.exp >= 0):
+            return False
+        if node.is_Function and node.func.__name__ not in ("FloorDiv", "Max", "Min"):
+            return False
+    return True

@@ -44,8 +44,8 @@ from .chain import ViewStep
 from .chain_verification import verify_chain
 from .op_tables import LAYOUT_VIEWS
 from .symbolic_geometry import (
+    SIZE_ARGUMENTS,
     ShapeFacts,
-    SizeFromInput,
     SymbolicGeometry,
     Unproven,
     equivalent_symbolic,
@@ -81,16 +81,26 @@ class _View:
 
     def size_argument(self, size: Any) -> Expr:
         """A size argument: an int, or a graph input holding a size (its symbol)."""
-        if isinstance(size, (torch.fx.Node, SizeFromInput)):
+        if isinstance(size, SIZE_ARGUMENTS):
             return self.facts.expression(size)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise Unproven(f"size argument {size!r}")
         return sympy.Integer(size)
 
+    def step(self, step: Any) -> Expr:
+        """A slice step: a positive int, or a size a graph input gives (proven >= 1)."""
+        if isinstance(step, SIZE_ARGUMENTS):
+            by = self.facts.expression(step)
+            self.facts.require(sympy.Ge(by, 1), "step")
+            return by
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise Unproven(f"step {step!r}")
+        return sympy.Integer(step)
+
     def index(self, i: Any, size: Expr) -> Expr:
         """A start/end/index argument as PyTorch reads it: negative counts from the end; a
         graph input holding a size stands for its symbol."""
-        if isinstance(i, (torch.fx.Node, SizeFromInput)):
+        if isinstance(i, SIZE_ARGUMENTS):
             return self.facts.expression(i)
         if not isinstance(i, int) or isinstance(i, bool):
             raise Unproven(f"argument {i!r} is not an int")
@@ -114,16 +124,15 @@ def _slice(v: _View, dim: Any = 0, start: Any = None, end: Any = None, step: Any
     last = size if end is None or (isinstance(end, int) and end >= _TO_THE_END) else None
     if last is None:
         last = v.index(end, size)
-    if not isinstance(step, int) or step < 1:
-        raise Unproven(f"slice step {step!r}")
+    by = v.step(step)
     # No clamping: PyTorch clamps out-of-range starts and ends, the model does not.
     v.facts.require(sympy.Ge(first, 0), "slice start")
     v.facts.require(sympy.Le(first, last), "slice bounds")
     v.facts.require(sympy.Le(last, size), "slice end")
     v.offset += first * v.strides[d]
     length = last - first
-    v.sizes[d] = length if step == 1 else internals.FloorDiv(length + step - 1, step)
-    v.strides[d] = v.strides[d] * step
+    v.sizes[d] = length if by == 1 else internals.FloorDiv(length + by - 1, by)
+    v.strides[d] = v.strides[d] * by
 
 
 def _narrow(v: _View, dim: Any, start: Any, length: Any) -> None:
@@ -155,6 +164,7 @@ def _diagonal(v: _View, offset: Any = 0, dim1: Any = 0, dim2: Any = 1) -> None:
 
 
 def _unfold(v: _View, dim: Any, size: Any, step: Any) -> None:
+    # Ints only: unfold's schema takes int window and step, so a SymInt would be specialized.
     d = v.dim(dim) if v.sizes else None
     if d is None or not isinstance(size, int) or not isinstance(step, int) or step < 1:
         raise Unproven("unfold arguments")
@@ -248,9 +258,7 @@ def _squeeze(v: _View, dims: Any = None) -> None:
 
 
 def _view(v: _View, sizes: Any) -> None:
-    new: list[Any] = [
-        v.facts.expression(s) if isinstance(s, (torch.fx.Node, SizeFromInput)) else s for s in sizes
-    ]
+    new: list[Any] = [v.facts.expression(s) if isinstance(s, SIZE_ARGUMENTS) else s for s in sizes]
     if not all(isinstance(s, sympy.Expr) or (isinstance(s, int) and s >= -1) for s in new):
         raise Unproven(f"view sizes {sizes!r}")
     if new.count(-1) > 1:
@@ -384,7 +392,10 @@ def verify_symbolic_chain(
         return False
     if not equivalent_symbolic(out, target, facts):
         return False
-    points = facts.points(source.free_symbols() | target.free_symbols())
+    # Under an assumption the chain need only be right where it holds (see ShapeFacts.assuming).
+    points = [
+        p for p in facts.points(source.free_symbols() | target.free_symbols()) if facts.holds_at(p)
+    ]
     for point in points:
         at_source, at_target = source.at(point), target.at(point)
         if at_source is None or at_target is None:
@@ -398,7 +409,7 @@ def _at_point(chain: Sequence[ViewStep], point: Any, facts: ShapeFacts) -> tuple
     """``chain`` with each graph input that holds a size replaced by its value at ``point``."""
 
     def value(arg: Any) -> Any:
-        if isinstance(arg, (torch.fx.Node, SizeFromInput)):
+        if isinstance(arg, SIZE_ARGUMENTS):
             return int(facts.expression(arg).xreplace(point))
         if isinstance(arg, list):
             return [value(a) for a in arg]

@@ -40,6 +40,7 @@ import torch.fx
 
 from .aliasing import AliasAnalysis
 from .chain_emission import GraphEmitter
+from .fake_modes import no_new_guards
 from .graph_edits import OutputDeferringReplacer, describe_call, input_node
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .torch_internals import reshape_alias, unsafe_view
@@ -103,7 +104,9 @@ def _handle(
         reason = f"aliasing is observable: {observed}"
         return Record(node.name, before, "", "kept", reason, kind=RecordKind.VIEW)
     source = input_node(node)
-    with graph.inserting_before(node):
+    # The view is valid at every size the graph allows (traced under its guards, or proven by
+    # the as_strided pass), so reshape's fake kernel asks nothing new: it must guard nothing.
+    with graph.inserting_before(node), no_new_guards(source.meta.get("val")):
         emit = _emitter(graph, node)
         if node.target in RESHAPEABLE:
             new = emit(aten.reshape.default, source, node.args[1])

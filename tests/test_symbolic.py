@@ -13,16 +13,13 @@ import torch
 
 import fxviews
 from fxviews.examples import push_jvp
-from fxviews.passes import torch_internals as internals
 from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
 from tests.test_backend import (
     Recorder,
     jvp_loss,
-    plain_aot,
     run,
     sliding_windows,
-    transposed_window_loss,
 )
 
 aten = torch.ops.aten
@@ -231,10 +228,14 @@ COMPILE_SIZES = (6, 8, 11, 15)
 def compile_and_run(fn, make, training, dynamic, sizes=COMPILE_SIZES):
     """Compile ``fn`` with a capturing inner compiler, check every size against eager, and
     return the as_strided count of each graph the inner compiler got."""
+    return compile_and_check(fn, [make(n) for n in sizes], training, dynamic)
+
+
+def compile_and_check(fn, inputs, training, dynamic):
+    """:func:`compile_and_run` over a list of argument tuples."""
     recorder = Recorder()
     compiled = torch.compile(fn, backend=fxviews.backend(inner=recorder), dynamic=dynamic)
-    for n in sizes:
-        args = make(n)
+    for args in inputs:
         expected = run(fn, args, training)
         torch.testing.assert_close(run(compiled, args, training), expected)
     return recorder.as_strided_counts()
@@ -267,99 +268,6 @@ def test_trained_losses_reach_the_inner_compiler_as_static_shapes_do(name, dynam
     assert all(c == 0 for i, c in enumerate(counts) if static[i % 2] == 0), (static, counts)
 
 
-# --- the issue's three functions, and what no guard-free rewrite can do -------------------
-
-
-def row_windows(x):
-    """Overlapping pairs of rows of an (n, 3) input: unfold with step 1."""
-    n = x.shape[0]
-    return x.as_strided((n - 1, 2, 3), (3, 3, 1))
-
-
-def transposed_window(a):
-    """A window of the transpose of an (n, 3) input, trained."""
-    n = a.shape[0]
-    return a.t().as_strided((2, n - 1), (1, 3), 1).exp().sum()
-
-
-def diagonal_window(a):
-    """The main diagonal but its last element, of an (n, n) input, trained."""
-    n = a.shape[0]
-    return a.as_strided((n - 1,), (n + 1,)).exp().sum()
-
-
-#: name: (function, inputs of size n, trained).
-ISSUE = {
-    "row_windows": (row_windows, lambda n: (torch.randn(n, 3),), False),
-    "transposed_window": (
-        transposed_window,
-        lambda n: (torch.randn(n, 3, requires_grad=True),),
-        True,
-    ),
-    "diagonal_window": (
-        diagonal_window,
-        lambda n: (torch.randn(n, n, requires_grad=True),),
-        True,
-    ),
-}
-#: The compiles that keep more than the static one, and why no chain holds without a guard:
-#: a size the user wrote as a constant (3 columns, a square's n) is a symbol of its own there,
-#: and at some value the ShapeEnv allows, the as_strided reads past its input.
-UNSAFE_AT_SOME_SIZE = {
-    # dynamic=True: the 3 columns are a symbol c >= 2; at c = 2, rows 0..n-1 hold 2n elements
-    # and the windows read 3n of them.
-    ("row_windows", True): (6, 2),
-    ("transposed_window", True): (6, 2),
-    # automatic dynamic does not duck-size: (n, m) with n, m independent, and at m < n - 1
-    # the stride n + 1 walks past the last row.
-    ("diagonal_window", None): (6, 3),
-}
-
-
-@pytest.mark.parametrize("dynamic", [None, True])
-@pytest.mark.parametrize("name", ISSUE)
-def test_issue_functions_keep_no_more_than_static_where_a_chain_is_safe(name, dynamic):
-    fn, make, training = ISSUE[name]
-    sizes = (6, 8, 11)
-    static = compile_and_run(fn, make, training, dynamic=False, sizes=sizes[:1])
-    reset_dynamo()
-    counts = compile_and_run(fn, make, training, dynamic=dynamic, sizes=sizes)
-    per_graph = len(static)  # a forward, and a backward when trained
-    more = [c for i, c in enumerate(counts) if c > static[i % per_graph]]
-    if (name, dynamic) not in UNSAFE_AT_SOME_SIZE:
-        assert not more, (static, counts)
-        return
-    assert more, (static, counts)  # kept: the next test shows why it must be
-    # The compiled function stays right at every size, the unsafe ones included: there it
-    # raises, or gives as_strided's values, exactly as eager does.
-    shape = UNSAFE_AT_SOME_SIZE[name, dynamic]
-    reset_dynamo()
-    compiled = torch.compile(fn, backend=fxviews.backend(), dynamic=dynamic)
-    for n in sizes:
-        run(compiled, make(n), training)
-    x = torch.randn(shape, requires_grad=training)
-    assert outcome(lambda a: run(compiled, (a,), training), x) is outcome(
-        lambda a: run(fn, (a,), training), x
-    )
-
-
-@pytest.mark.parametrize("key", UNSAFE_AT_SOME_SIZE)
-def test_issue_functions_kept_under_dynamic_shapes_say_why(key):
-    name, dynamic = key
-    fn, make, training = ISSUE[name]
-    graphs = []
-
-    def capture(gm, example_inputs):  # the graphs as AOTAutograd gives them: not rewritten
-        graphs.append(gm)
-        return internals.make_boxed_func(gm.forward)
-
-    compiled = torch.compile(fn, backend=plain_aot(capture), dynamic=dynamic)
-    for n in (6, 8, 11):
-        run(compiled, make(n), training)
-    kept = [r for gm in graphs for r in fxviews.rewrite(gm).records if r.method == "kept"]
-    assert kept and all("for every size" in r.reason for r in kept), kept
-
-
 def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_strided():
     # Forward AD's tangent views and the backward's scatter buffers of ``jvp_loss``: the rows
     # of every input follow the size; each graph is rewritten for every size.
@@ -370,25 +278,6 @@ def test_jvp_with_a_dynamic_batch_dim_reaches_the_inner_compiler_without_as_stri
     reset_dynamo()
     counts = compile_and_run(jvp_loss, lambda n: rows(n, True), True, dynamic=None)
     assert counts == [0, 0, 0, 0]
-
-
-def test_a_window_past_the_smallest_input_is_kept_and_right():
-    # a.t().as_strided((2, 3), (1, 2), 1) reads storage elements 1..6 of a (n, 3) input: inside
-    # it only for n >= 3, and the shape environment allows n = 2. Kept, in both graphs.
-    counts = compile_and_run(
-        transposed_window_loss, lambda n: (torch.randn(n, 3, requires_grad=True),), True, None
-    )
-    assert counts[:2] == [0, 0] and counts[2] >= 1
-
-
-def test_scalar_mismatch_in_as_strided_sizes_stays_right():
-    # The diagonal stride n + 1 of a non-square input is not a diagonal: kept, still right.
-    def rows_stride(x):
-        n = x.shape[0]
-        return x.as_strided((n,), (n + 1,))
-
-    counts = compile_and_run(rows_stride, lambda n: (torch.randn(n, n + 3),), False, True)
-    assert counts == [1]
 
 
 def test_pytorch_failures_are_reported_unchanged():
