@@ -208,9 +208,11 @@ def capture(
 
 
 def _has_real_values(args: Sequence[Any]) -> bool:
-    """Whether every tensor in ``args`` holds values a recording can compute with."""
+    """Whether every tensor in ``args`` is a plain tensor with values a recording can compute
+    with (not fake, not meta, not a subclass such as DTensor: fake mode traces those on plain
+    fakes of their logical shapes)."""
     return all(
-        not isinstance(sample, FakeTensor) and sample.device.type != "meta"
+        type(sample) in (torch.Tensor, torch.nn.Parameter) and sample.device.type != "meta"
         for leaf in pytree.tree_leaves(list(args))
         if isinstance(leaf, torch.Tensor)
         for sample in [_innermost(leaf)]

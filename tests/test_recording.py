@@ -255,3 +255,14 @@ def test_a_refused_recording_inside_jvp_leaves_later_transforms_working() -> Non
         tangent = jvp(torch.sin, (x,), (torch.ones_like(x),))[1]
         assert torch.allclose(tangent, x.cos())
         assert torch.allclose(grad(lambda a: a.sin().sum())(x), x.cos())
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass: its ops dispatch through it, above any recording."""
+
+
+def test_subclass_and_meta_inputs_trace_in_fake_mode() -> None:
+    x = torch.randn(4, 3)
+    assert _capture(_shift, [x.as_subclass(_Tagged)]).meta[TRACED_WITH] == FAKE_MODE
+    assert _capture(_shift, [x.to("meta")]).meta[TRACED_WITH] == FAKE_MODE
+    assert _capture(_shift, [torch.nn.Parameter(x)]).meta[TRACED_WITH] == RECORDED
