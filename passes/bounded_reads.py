@@ -66,6 +66,7 @@ from sympy import Expr
 from .chain import ViewChain, ViewStep
 from .chain_emission import GraphEmitter, emit_size_expression, has_int_arithmetic_form
 from .symbolic_geometry import ShapeFacts, SizeOfInputs, SymbolicGeometry
+from .torch_internals import assert_scalar
 
 aten = torch.ops.aten
 
@@ -105,7 +106,7 @@ class InBounds:
                 "the as_strided reads past its input, where eager as_strided raises"
             )
             # Made directly: running _assert_scalar on a SymBool for its value would guard.
-            check = graph.call_function(aten._assert_scalar.default, (holds, message))
+            check = graph.call_function(assert_scalar, (holds, message))
         check.meta["val"] = None
         made = [*emit.created, check]
         if "stack_trace" in like.meta:

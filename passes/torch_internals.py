@@ -178,6 +178,9 @@ to_copy = _aten_overload("_to_copy")
 efficient_zero_tensor = _aten_overload("_efficientzerotensor")
 # ``Tensor.item()`` as make_fx records it: a 0-dim tensor's value as a Python number. 1.9.
 local_scalar_dense = _aten_overload("_local_scalar_dense")
+# A runtime check of a size condition, as deferred runtime asserts emit it (2.2): bounded
+# reads assert their in-bounds condition with it.
+assert_scalar = _aten_overload("_assert_scalar")
 # Merging views the reshape step turns into reshape (_unsafe_view 1.0, _reshape_alias 1.11).
 unsafe_view = _aten_overload("_unsafe_view")
 reshape_alias = _aten_overload("_reshape_alias")
@@ -393,6 +396,7 @@ BOUND_NAMES = (
     "to_copy",
     "efficient_zero_tensor",
     "local_scalar_dense",
+    "assert_scalar",
     "unsafe_view",
     "reshape_alias",
     "flash_attention_cpu",
