@@ -11,7 +11,8 @@ Table = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class Settings:
-    """How hard to measure: ``--quick`` trades precision for a run of under a minute."""
+    """How hard to measure: ``--quick`` trades precision for a run of about a minute (two and a
+    half with the zoo of row 8 installed, ``fxviews[zoo]``)."""
 
     repeats: int  # repeats of a timed call (rows 1 and 7 take three times as many, half as long)
     min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
