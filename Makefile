@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
+# The torchvision release built for TORCH_VERSION (fxviews[zoo]), installed beside it: left to
+# the extra's range, pip would take the newest torchvision and the torch it pins.
+TORCHVISION_VERSION ?= 0.28.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxviews-installed
 # `make test-newest-torch`: the whole suite again, in its own virtualenv, on the newest torch
@@ -21,8 +24,8 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch]'
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
+	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch,zoo]'
 	touch $(STAMP)
 
 # `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in

@@ -16,7 +16,18 @@ import torch
 
 import fxviews
 from fxviews import bench
-from fxviews.bench import cli, cold, report, rows_compile, rows_runtime, settings, timing, workloads
+from fxviews.bench import (
+    cli,
+    cold,
+    report,
+    rows_compile,
+    rows_models,
+    rows_runtime,
+    settings,
+    timing,
+    workloads,
+    zoo,
+)
 from fxviews.examples import push_jvp, seed_args
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
@@ -142,6 +153,29 @@ def test_a_measured_path_that_raises_fails_the_run(tiny, capsys, monkeypatch) ->
     printed = capsys.readouterr().out
     assert "measured paths failed" in printed
     assert "first_call: n/a (error: RuntimeError: backend exploded)" in printed
+
+
+def test_row_8_says_why_a_zoo_model_cannot_run(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(zoo, "unavailable", lambda library: f"{library} not installed")
+    quick = settings.Settings(1, 0.0, (8,), (1_000,), 1, False, models=("mobilenet", "vit_tiny"))
+    tables = bench.run_rows(["models"], quick, None)
+    assert "n/a (timm not installed)" in capsys.readouterr().out
+    assert report.failed_paths(tables) == []  # a missing extra is no failure of the run
+    lines = {(line["model"], line["program"]): line for line in tables["models"]}
+    assert list(lines)[2:] == [("vit_tiny", "grads"), ("vit_tiny", "jvp"), ("median", "")]
+    assert lines["vit_tiny", "jvp"]["tf_first_s"] is None
+    assert lines["median", ""]["tf/eager"] == pytest.approx(
+        (lines["mobilenet", "grads"]["tf/eager"] + lines["mobilenet", "jvp"]["tf/eager"]) / 2
+    )
+
+
+def test_row_8_medians_are_by_group_when_written_and_zoo_models_ran() -> None:
+    def line(model: str, first: float) -> dict[str, object]:
+        return rows_models._unmeasured(model, "grads", "") | {"tf_first_s": 1.0, "share_%": first}
+
+    table = [line("vit", 1.0), line("resnet", 3.0), line("resnet18", 10.0), line("vit_tiny", 20.0)]
+    medians = {m["model"]: m["share_%"] for m in rows_models._medians(table)}
+    assert medians == {"median (written)": 2.0, "median (zoo)": 15.0, "median (all)": 6.5}
 
 
 def test_break_even_counts_the_calls_a_compile_needs_to_pay_for_itself() -> None:

@@ -17,9 +17,11 @@ timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 7. ``compiled``    ``vmap(push_jvp)`` under ``torch.compile`` (Inductor, ``aot_eager``,
                    ``fxviews`` with inner eager and inner Inductor) vs ``vmap(transform)``:
                    steady-state call, first call, and after how many calls a compile pays.
-8. ``models``      per-sample gradients and jvp of small whole models (a ViT, a ResNet, a
-                   MobileNet, ``nn.TransformerEncoder``) under ``vmap``: eager vs ``transform``
-                   vs ``aot_eager``, first call (with fxviews' share of it) and steady state.
+8. ``models``      per-sample gradients and jvp of whole models (small ones written here: a
+                   ViT, a ResNet, a MobileNet, ``nn.TransformerEncoder``; the zoo with
+                   ``fxviews[zoo]``: torchvision's ResNet-18 and MobileNetV3, timm's ViT-Tiny)
+                   under ``vmap``: eager vs ``transform`` vs ``aot_eager``, first call (with
+                   fxviews' share of it) and steady state.
 
 Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
 which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
@@ -31,7 +33,7 @@ path that raises prints ``n/a (error: ...)`` and makes the run exit with status 
 
 The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
 ``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7),
-``rows_models`` and ``models`` (row 8 and its models), ``workloads`` (the functions
+``rows_models``, ``models`` and ``zoo`` (row 8 and its models), ``workloads`` (the functions
 measured), ``compile_paths`` and ``cold`` (compiled paths and their first calls in fresh
 interpreters), ``timing`` (the timers), ``report`` (cells and tables) and ``plots``
 (``--plot``'s charts).

@@ -1,5 +1,6 @@
-"""Small whole models for the bench's "whole models" row, written here (random init, no
-downloads), each shaped like a family users run ``torch.func`` on:
+"""The models of the bench's "whole models" row: small ones written here (random init, no
+downloads), each shaped like a family users run ``torch.func`` on, and the zoo that torchvision
+and timm build (:mod:`fxviews.bench.zoo`, at an image side the bench's settings choose):
 
 * ``vit``: a patch embedding and four pre-norm transformer blocks (LayerNorm, attention written
   out as timm does without fused attention, GELU MLP), a mean-pooled head.
@@ -8,6 +9,8 @@ downloads), each shaped like a family users run ``torch.func`` on:
 * ``mobilenet``: a Hardswish stem and two MobileNetV2 inverted residuals (expand, depthwise,
   project, each with BatchNorm; ReLU6).
 * ``encoder``: ``nn.TransformerEncoder`` (two layers, PyTorch's own attention) over 16 tokens.
+* the zoo: ``resnet18`` and ``mobilenet_v3_small`` (torchvision), ``vit_tiny`` (timm's
+  ``vit_tiny_patch16_224``).
 
 BatchNorm runs in eval mode (running statistics), as in per-sample gradient training
 (Opacus-style) and in forward-mode sensitivity analysis.
@@ -33,10 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MODELS", "Model", "build", "program"]
+from fxviews.bench import zoo
+from fxviews.bench.zoo import CLASSES
+
+__all__ = ["MODELS", "Model", "build", "program", "sample_shape"]
 
 WIDTH = 32  # tokens' width in vit and encoder
-CLASSES = 10
 
 
 class _Block(nn.Module):
@@ -155,11 +160,16 @@ class Encoder(nn.Module):
 
 @dataclass(frozen=True)
 class Model:
-    """A model of the row, its one-sample input shape, and the programs eager vmap runs."""
+    """A model of the row, its one-sample input shape, and the programs eager vmap runs.
 
-    make: Callable[[], nn.Module]
+    ``library`` is the library that builds a model of the zoo (None: written here); such a
+    model's ``make`` takes the image side, and ``sample_shape`` holds its default one.
+    """
+
+    make: Callable[..., nn.Module]
     sample_shape: tuple[int, ...]
     programs: tuple[str, ...] = ("grads", "jvp")
+    library: str | None = None
 
 
 MODELS: dict[str, Model] = {
@@ -168,13 +178,33 @@ MODELS: dict[str, Model] = {
     "mobilenet": Model(MobileNet, (3, 16, 16)),
     # PyTorch's attention picks a fused CPU kernel without a forward-AD formula: no jvp.
     "encoder": Model(Encoder, (16, WIDTH), programs=("grads",)),
+    "resnet18": Model(zoo.resnet18, (3, 224, 224), library="torchvision"),
+    "mobilenet_v3_small": Model(zoo.mobilenet_v3_small, (3, 224, 224), library="torchvision"),
+    "vit_tiny": Model(zoo.vit_tiny, (3, 224, 224), library="timm"),
 }
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
-    """Model ``name`` with random parameters and running statistics, in eval mode."""
+def sample_shape(name: str, image_side: int | None = None) -> tuple[int, ...]:
+    """One sample's input shape for model ``name``: a zoo model's images resized to
+    ``image_side`` if given (the written models have one shape).
+
+    Example::
+
+        >>> sample_shape("resnet18", 112), sample_shape("resnet", 112)
+        ((3, 112, 112), (3, 16, 16))
+    """
+    spec = MODELS[name]
+    if spec.library is None or image_side is None:
+        return spec.sample_shape
+    return (*spec.sample_shape[:-2], image_side, image_side)
+
+
+def build(name: str, seed: int = 0, image_side: int | None = None) -> nn.Module:
+    """Model ``name`` with random parameters and running statistics, in eval mode (a zoo
+    model for images of ``image_side``, default its own)."""
     torch.manual_seed(seed)
-    model = MODELS[name].make()
+    spec = MODELS[name]
+    model = spec.make(sample_shape(name, image_side)[-1]) if spec.library else spec.make()
     with torch.no_grad():
         for buffer in model.buffers():
             if buffer.is_floating_point():
@@ -183,16 +213,16 @@ def build(name: str, seed: int = 0) -> nn.Module:
 
 
 def program(
-    name: str, model: nn.Module, kind: str, batch: int
+    name: str, model: nn.Module, kind: str, batch: int, image_side: int | None = None
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """A new per-sample function ``kind`` of ``model`` (built by ``build(name)``) and a batch
-    of its arguments.
+    """A new per-sample function ``kind`` of ``model`` (built by ``build(name, image_side=...)``)
+    and a batch of its arguments.
 
     ``grads`` takes ``(x, label)`` and returns the loss's gradient for every parameter;
     ``jvp`` takes ``(x, direction)`` and returns the output and its tangent.
     """
     generator = torch.Generator().manual_seed(batch)
-    shape = MODELS[name].sample_shape
+    shape = sample_shape(name, image_side)
     x = torch.randn(batch, *shape, generator=generator)
     if kind == "grads":
         params = {name: p.detach() for name, p in model.named_parameters()}

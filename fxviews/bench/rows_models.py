@@ -1,12 +1,15 @@
-"""The "whole models" row: per-sample gradients and jvp of small whole models under vmap.
+"""The "whole models" row: per-sample gradients and jvp of whole models under vmap.
 
-For each program of :mod:`fxviews.bench.models`, eager ``vmap(fn)``, ``vmap(transform(fn))``
-and ``torch.compile(vmap(fn), backend="aot_eager")``: the first call on a fresh function (a
-trace or compile from scratch, and one run; CPU time, median of ``compile_repeats``), the share
-of ``transform``'s first call spent in fxviews' rewrite, and the steady-state call (minimum CPU
-time over interleaved repeats). The last line holds the medians of the ratios: the goals are a
-first call within 15x eager vmap's, fxviews' share within 25% of it, and a steady state at or
-below 1.0x eager vmap.
+For each program of :mod:`fxviews.bench.models` (the small models written there, then the zoo
+torchvision and timm build, at the settings' image side), eager ``vmap(fn)``,
+``vmap(transform(fn))`` and ``torch.compile(vmap(fn), backend="aot_eager")``: the first call on
+a fresh function (a trace or compile from scratch, and one run; CPU time, median of
+``compile_repeats``), the share of ``transform``'s first call spent in fxviews' rewrite, and
+the steady-state call (minimum CPU time over interleaved repeats). A zoo model whose library
+cannot be imported gets lines saying why. The last lines hold the medians of the ratios, over
+the written models and over the zoo when both ran, then over all: the goals are a first call
+within 15x eager vmap's, fxviews' share within 25% of it, and a steady state at or below 1.0x
+eager vmap.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 
 import fxviews
+from fxviews.bench import zoo
 from fxviews.bench.models import MODELS, build, program
 from fxviews.bench.report import ratio
 from fxviews.bench.settings import Settings, Table
@@ -29,7 +33,7 @@ from fxviews.torch_state import preserved_torch_state
 
 __all__ = ["MODELS_BATCH", "bench_models"]
 
-#: Samples per batch in the row (each sample a 3x16x16 image or 16 tokens).
+#: Samples per batch in the row (each sample an image or 16 tokens).
 MODELS_BATCH = 8
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -54,21 +58,30 @@ def bench_models(settings: Settings) -> Table:
 def _rows(settings: Settings) -> Table:
     table: Table = []
     warmed = False
+    side = settings.zoo_image_side
     for name in settings.models:
-        model = build(name)
+        library = MODELS[name].library
+        missing = library and zoo.unavailable(library)
+        if missing:
+            table += [_unmeasured(name, kind, f"n/a ({missing})") for kind in MODELS[name].programs]
+            continue
+        model = build(name, image_side=side)
         for kind in MODELS[name].programs:
 
             def make_fn(name: str = name, model: Any = model, kind: str = kind) -> Any:
-                return program(name, model, kind, MODELS_BATCH)[0]
+                return program(name, model, kind, MODELS_BATCH, side)[0]
 
-            args = program(name, model, kind, MODELS_BATCH)[1]
+            args = program(name, model, kind, MODELS_BATCH, side)[1]
             if not warmed:  # the process's one-time work (imports, first traces) is no row's
                 for wrap in PATHS.values():
                     _first_calls(make_fn, wrap, args, 1)
                 warmed = True
             table.append({"model": name, "program": kind, **_measure(make_fn, args, settings)})
-    table.append(_medians(table))
-    return table
+    return table + _medians(table)
+
+
+def _unmeasured(name: str, kind: str, note: str) -> dict[str, Any]:
+    return {"model": name, "program": kind, **dict.fromkeys(_MEASURED), "note": note}
 
 
 def _measure(
@@ -104,6 +117,13 @@ def _measure(
     }
 
 
+#: The measured columns of a line, in :func:`_measure`'s order (between program and note).
+_MEASURED = ("eager_first_s", "tf_first_s", "tf/eager first", "share_%", "aot/eager first",
+             "tf/eager", "aot/eager")  # fmt: skip
+#: The columns whose medians the last lines hold.
+_RATIOS = ("tf/eager first", "share_%", "aot/eager first", "tf/eager", "aot/eager")
+
+
 def _first_calls(
     make_fn: Callable[[], Any], wrap: Wrap, args: tuple[Any, ...], repeats: int
 ) -> list[FirstCall] | str:
@@ -126,15 +146,25 @@ def _first_calls(
     return "n/a"
 
 
-def _medians(table: Table) -> dict[str, Any]:
-    """A line with the median of every ratio column (and of fxviews' share) over ``table``.
+def _medians(table: Table) -> Table:
+    """Lines with the median of every ratio column (and of fxviews' share): over the written
+    models and over the zoo when both were measured, then over every line of ``table``.
 
     A path that cannot run a program (aot_eager's n/a) has no ratio there: its median is over
     the programs it ran.
     """
-    line: dict[str, Any] = dict.fromkeys(table[0], None)
-    line.update(model="median", program="", note="")
-    for key in ("tf/eager first", "share_%", "aot/eager first", "tf/eager", "aot/eager"):
-        values = [row[key] for row in table if row[key] is not None]
+    measured = [line for line in table if line["tf_first_s"] is not None]
+    zoo_lines = [line for line in measured if MODELS[line["model"]].library]
+    groups = {"median": measured}
+    if zoo_lines and len(zoo_lines) < len(measured):
+        written = [line for line in measured if not MODELS[line["model"]].library]
+        groups = {"median (written)": written, "median (zoo)": zoo_lines, "median (all)": measured}
+    return [_median_line(label, lines) for label, lines in groups.items()]
+
+
+def _median_line(label: str, lines: Table) -> dict[str, Any]:
+    line = _unmeasured(label, "", "")
+    for key in _RATIOS:
+        values = [row[key] for row in lines if row[key] is not None]
         line[key] = statistics.median(values) if values else None
     return line

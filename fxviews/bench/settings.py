@@ -11,7 +11,8 @@ Table = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class Settings:
-    """How hard to measure: ``--quick`` trades precision for a run of under a minute."""
+    """How hard to measure: ``--quick`` trades precision for a run of about a minute (two and a
+    half with the zoo of row 8 installed, ``fxviews[zoo]``)."""
 
     repeats: int  # repeats of a timed call (rows 1 and 7 take three times as many, half as long)
     min_repeat_seconds: float  # each repeat loops a call until it takes at least this long
@@ -24,7 +25,11 @@ class Settings:
     # alternating (0: in this process instead, compile_repeats after a warm-up).
     cold_compiles: int = 0
     big_graph_repeats: int = 1  # passes timed on row 4's 100k-node graph (seconds each)
-    models: tuple[str, ...] = ("vit", "resnet", "mobilenet", "encoder")  # row 8's models
+    # Row 8's models: the ones written in fxviews.bench.models, then the zoo (fxviews[zoo]).
+    models: tuple[str, ...] = (
+        "vit", "resnet", "mobilenet", "encoder", "resnet18", "mobilenet_v3_small", "vit_tiny"
+    )  # fmt: skip
+    zoo_image_side: int = 64  # the zoo's images in row 8 (a multiple of 16, for the ViT)
 
 
 QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
@@ -37,4 +42,5 @@ FULL = Settings(
     True,
     cold_compiles=5,
     big_graph_repeats=3,
+    zoo_image_side=112,
 )
