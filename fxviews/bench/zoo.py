@@ -77,5 +77,6 @@ def vit_tiny(image_side: int) -> nn.Module:
     )
     for module in model.modules():
         if hasattr(module, "fused_attn"):
-            module.fused_attn = False
+            # setattr: nn.Module's typed __setattr__ takes only tensors and modules.
+            setattr(module, "fused_attn", False)  # noqa: B010
     return model
