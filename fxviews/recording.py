@@ -156,7 +156,10 @@ def _judge_on_meta(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: 
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
 
     try:
-        meta_out = func(*pytree.tree_map(on_meta, args), **pytree.tree_map(on_meta, kwargs))
+        meta_out = func(
+            *_map_arguments(on_meta, args),
+            **{name: _map_arguments(on_meta, value) for name, value in kwargs.items()},
+        )
     except Exception:  # noqa: BLE001 - whatever it is, fake mode would not get past it either
         return False
     return _shapes(meta_out) == _shapes(out)
@@ -232,7 +235,7 @@ class OpRecorder(TorchDispatchMode):
 
     def graph_module(self, outputs: Any) -> torch.fx.GraphModule:
         """The recorded graph returning ``outputs`` (a flat list), constants held by reference."""
-        self.graph.output(pytree.tree_map(self._node_of, outputs))
+        self.graph.output(_map_arguments(self._node_of, outputs))
         root = torch.nn.Module()
         for name, tensor in self._constants.items():
             setattr(root, name, tensor)
@@ -248,10 +251,14 @@ class OpRecorder(TorchDispatchMode):
         return self._track(value, item)
 
     def _track(self, tensor: torch.Tensor, node: torch.fx.Node) -> FakeTensor:
+        """Bind a tensor the trace made (or an input) to its node; its memory is the trace's."""
+        self._traced_storages.add(storage_identity(tensor))
+        return self._bind(tensor, node)
+
+    def _bind(self, tensor: torch.Tensor, node: torch.fx.Node) -> FakeTensor:
         self._nodes[id(tensor)] = node
         self._alive.append(tensor)
         node.meta["val"] = fake = self._fake_of(tensor)
-        self._traced_storages.add(storage_identity(tensor))
         return fake
 
     def _node_of(self, value: Any) -> Any:
@@ -261,18 +268,14 @@ class OpRecorder(TorchDispatchMode):
         node = self._nodes.get(id(value))
         if node is not None:
             return node
-        address = storage_identity(value)
-        if address in self._traced_storages:
+        if storage_identity(value) in self._traced_storages:
             raise NotRecordable(
-                "a tensor aliasing the trace's memory reached an op without going through one "
-                "(such as `.data`)"
+                "a tensor aliasing the trace's memory reached an op, made by none the recording saw"
             )
         name = f"_tensor_constant{len(self._constants)}"
         self._constants[name] = value
         node = self.graph.get_attr(name)
-        self._nodes[id(value)] = node
-        self._alive.append(value)
-        node.meta["val"] = self._fake_of(value)
+        self._bind(value, node)
         return node
 
     def _fake_of(self, tensor: torch.Tensor) -> FakeTensor:

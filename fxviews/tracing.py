@@ -42,7 +42,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -189,7 +189,9 @@ def capture(
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
                 guard = _TraceGuard(fake_args, dense_zero_tangents=True)
-                gm = _make_fx_guarded(call, fake_args, "fake", guard)
+                gm = _traced_under_guard(
+                    lambda f: make_fx(f, tracing_mode="fake")(*fake_args), call, guard
+                )
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
@@ -224,16 +226,9 @@ def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.
     trace]); random state and closed-over tensors are left as they were."""
     real_args = _real_examples(args, fresh=True)
     guard = _TraceGuard(real_args, dense_zero_tangents=True)
-
-    def guarded(*inputs: Any) -> Any:
-        with guard:
-            return call(*inputs)
-
-    try:
-        with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
-            return record(guarded, real_args, exact_fake_mode(allow_non_fake_inputs=True))
-    finally:
-        guard.restore_foreign_writes()
+    values = exact_fake_mode(allow_non_fake_inputs=True)
+    with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
+        return _traced_under_guard(lambda f: record(f, real_args, values), call, guard)
 
 
 def exact_fake_mode(**options: Any) -> FakeTensorMode:
@@ -463,7 +458,9 @@ def _capture_real(
     guard = _TraceGuard(real_args, refuse_data_dependent=True)
     try:
         with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
-            gm = _make_fx_guarded(call, real_args, "real", guard)
+            gm = _traced_under_guard(
+                lambda f: make_fx(f, tracing_mode="real")(*real_args), call, guard
+            )
     except _DataDependentOp as err:
         raise TracingError(
             f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
@@ -552,13 +549,18 @@ def _cuda_devices(args: Sequence[Any]) -> list[int]:
     return sorted(devices)
 
 
-def _make_fx_guarded(
+def _traced_under_guard(
+    tracer: Callable[[Callable[..., Any]], torch.fx.GraphModule],
     call: Callable[..., Any],
-    args: list[Any],
-    tracing_mode: Literal["real", "fake"],
     guard: _TraceGuard,
 ) -> torch.fx.GraphModule:
-    """make_fx ``call`` with ``guard`` active inside it; foreign writes undone in any case."""
+    """``tracer`` applied to ``call`` run with ``guard`` active inside the trace; foreign
+    writes undone in any case.
+
+    Example::
+
+        >>> _traced_under_guard(lambda f: make_fx(f)(x), fn, _TraceGuard([x]))
+    """
 
     # wraps: make_fx names the graph's inputs after the innermost wrapped function's parameters.
     @functools.wraps(call)
@@ -567,7 +569,7 @@ def _make_fx_guarded(
             return call(*inputs)
 
     try:
-        return make_fx(guarded, tracing_mode=tracing_mode)(*args)
+        return tracer(guarded)
     finally:
         guard.restore_foreign_writes()
 

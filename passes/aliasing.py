@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import NamedTuple
 
 import torch
 import torch.fx
@@ -178,16 +179,25 @@ def is_opaque(node: torch.fx.Node) -> bool:
     )
 
 
+class _AliasAnnotations(NamedTuple):
+    """What an op's schema says of aliasing: whether its result aliases an argument, and the
+    slots of the arguments it may alias and of those it writes."""
+
+    returns_alias: bool
+    aliased: tuple[_Slot, ...]
+    written: tuple[_Slot, ...]
+
+
 @functools.cache
-def _alias_annotations(op: OpOverload) -> tuple[bool, tuple[_Slot, ...], tuple[_Slot, ...]]:
-    """Whether ``op`` returns an alias, and (position, name) of its arguments that its result
-    may alias and of those it writes: read from its schema once per op (the scans ask per
-    node, thousands of times)."""
+def _alias_annotations(op: OpOverload) -> _AliasAnnotations:
+    """``op``'s annotations, read from its schema once per op (the scans ask per node,
+    thousands of times)."""
     arguments = list(enumerate(op_schema(op).arguments))
-    aliased = tuple((i, a.name) for i, a in arguments if a.alias_info is not None)
-    written = tuple((i, a.name) for i, a in arguments if a.alias_info and a.alias_info.is_write)
-    returns_alias = any(r.alias_info is not None for r in op_schema(op).returns)
-    return returns_alias, aliased, written
+    return _AliasAnnotations(
+        returns_alias=any(r.alias_info is not None for r in op_schema(op).returns),
+        aliased=tuple((i, a.name) for i, a in arguments if a.alias_info is not None),
+        written=tuple((i, a.name) for i, a in arguments if a.alias_info and a.alias_info.is_write),
+    )
 
 
 def _argument_nodes_at(node: torch.fx.Node, slots: tuple[_Slot, ...]) -> list[torch.fx.Node]:
@@ -210,11 +220,11 @@ def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
         return [source] if isinstance(source, torch.fx.Node) and _returns_alias(source) else []
     if not _returns_alias(node):
         return []
-    return _argument_nodes_at(node, _alias_annotations(node.target)[1])
+    return _argument_nodes_at(node, _alias_annotations(node.target).aliased)
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:
-    return isinstance(node.target, OpOverload) and _alias_annotations(node.target)[0]
+    return isinstance(node.target, OpOverload) and _alias_annotations(node.target).returns_alias
 
 
 def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -223,4 +233,4 @@ def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
         return argument_nodes((node.args, node.kwargs))
     if not isinstance(node.target, OpOverload):
         return []  # placeholders, get_attr, getitem: no writes
-    return _argument_nodes_at(node, _alias_annotations(node.target)[2])
+    return _argument_nodes_at(node, _alias_annotations(node.target).written)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import torch_internals as internals
 from .chain import ViewStep
 from .fake_modes import in_one_fake_mode
 from .op_tables import LAYOUT_VIEWS
@@ -153,7 +154,7 @@ def has_int_arithmetic_form(expr: Any) -> bool:
         return True
     if expr.is_Pow:
         return bool(expr.exp.is_Integer and expr.exp > 0) and has_int_arithmetic_form(expr.base)
-    if expr.is_Add or expr.is_Mul or getattr(expr.func, "__name__", "") == "FloorDiv":
+    if expr.is_Add or expr.is_Mul or isinstance(expr, internals.FloorDiv):
         return all(has_int_arithmetic_form(a) for a in expr.args)
     return False
 
@@ -178,7 +179,7 @@ def emit_size_expression(
         return _folded(emit, operator.mul, [expr.base] * int(expr.exp), inputs)
     if expr.is_Add or expr.is_Mul:
         return _folded(emit, operator.add if expr.is_Add else operator.mul, expr.args, inputs)
-    if getattr(expr.func, "__name__", "") == "FloorDiv":
+    if isinstance(expr, internals.FloorDiv):
         return _folded(emit, operator.floordiv, expr.args, inputs)
     raise ValueError(f"{expr} has no int arithmetic form")
 
