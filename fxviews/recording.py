@@ -62,6 +62,7 @@ from fxviews.passes.torch_internals import (
 __all__ = [
     "NotRecordable",
     "OpRecorder",
+    "ReadsMemory",
     "ValueReads",
     "reads_values_into_shape",
     "record",
@@ -71,6 +72,11 @@ __all__ = [
 
 class NotRecordable(RuntimeError):
     """The recording cannot vouch for its graph: trace in fake mode instead."""
+
+
+class ReadsMemory(NotRecordable):
+    """The function reads tensor memory from Python (``tolist``, ``numpy``, ``data_ptr``): values
+    leave the graph, as through ``.item()``, wherever fake mode fails on it."""
 
 
 def record(
@@ -192,7 +198,7 @@ class ValueReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if getattr(func, "__name__", None) in _MEMORY_READS:
-            raise NotRecordable(f"the function reads tensor memory from Python ({func.__name__})")
+            raise ReadsMemory(f"the function reads tensor memory from Python ({func.__name__})")
         return func(*args, **(kwargs or {}))
 
 

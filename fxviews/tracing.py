@@ -29,6 +29,10 @@ Note [One tracing path]
    recomputed by fake-propagating the graph from fake inputs with the examples' layouts.
 4. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
    leaves PyTorch's thread-local dispatch state, mode stacks and transform levels as they were.
+5. **The user's own errors are theirs.** An exception ``fn``'s own code raises (a ``raise`` or
+   ``assert`` statement in it: :func:`raised_by_user_code`) while it is recorded or traced
+   propagates unchanged, as it would from an eager call, whatever the mode. Only failures inside
+   PyTorch's ops and tracers are classified (steps 2 and 3).
 
 ``gm.meta["fxviews_traced_with"]`` says which mode produced the graph, and why real mode was
 needed; ``fxviews.rewrite`` carries it into its result and printout.
@@ -37,10 +41,12 @@ needed; ``fxviews.rewrite`` carries it into its result and printout.
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import inspect
 import logging
 import threading
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -74,16 +80,19 @@ from fxviews.passes.torch_internals import (
     pytree,
 )
 from fxviews.printouts import FAKE_MODE, RECORDED
-from fxviews.recording import reads_values_into_shape, record
+from fxviews.recording import ReadsMemory, reads_values_into_shape, record
 from fxviews.torch_state import preserved_torch_state
 
 __all__ = [
+    "EAGER_CAUSES",
     "TRACED_WITH",
     "TracingError",
     "capture",
     "first_line",
     "function_name",
+    "raised_by_user_code",
     "trace",
+    "tracing_in_progress",
     "tracing_lock",
 ]
 
@@ -95,14 +104,39 @@ logger = logging.getLogger("fxviews")
 #: a transformed one, which traces in turn.
 tracing_lock = threading.RLock()
 
+# How many captures are running on this thread (a traced function may call a transformed one).
+_captures = threading.local()
+
+
+def tracing_in_progress() -> bool:
+    """Whether fxviews is capturing a function on this thread right now.
+
+    Example::
+
+        >>> tracing_in_progress()
+        False
+    """
+    return getattr(_captures, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _capturing() -> Iterator[None]:
+    _captures.depth = getattr(_captures, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _captures.depth -= 1
+
 
 class TracingError(FxViewsError):
     """``fn`` could not be captured as one graph; ``cause`` says why.
 
     ``cause`` is one of ``"control flow"`` (a Python branch on a tensor value),
     ``"data-dependent shape"`` (a size or Python number computed from tensor values),
-    ``"closure over a transformed tensor"`` or ``"untraceable"`` (an op neither fake nor real
-    tracing could run).
+    ``"reads tensor memory"`` (``.numpy()``, ``tolist``: values leave the graph; found by
+    ``transform``'s recording), ``"closure over a transformed tensor"``, ``"lazy module"``
+    (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real tracing
+    could run).
 
     Example::
 
@@ -116,6 +150,53 @@ class TracingError(FxViewsError):
     def __init__(self, message: str, cause: str) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+#: The causes that are the function's nature for an input signature, not a passing state:
+#: ``transform`` runs such a signature eagerly for good (no later call could trace it).
+EAGER_CAUSES = frozenset(
+    {
+        "control flow",
+        "data-dependent shape",
+        "reads tensor memory",
+        "closure over a transformed tensor",
+    }
+)
+
+
+def raised_by_user_code(err: BaseException | None) -> bool:
+    """Whether ``err`` was raised by a ``raise`` or ``assert`` statement of the user's code (a
+    frame of neither PyTorch nor fxviews), not by an op or tracer below it.
+
+    The innermost frame of the traceback says where: an exception raised in C++ (an op's
+    kernel) also ends in the user's frame that called it, but at a call instruction.
+
+    Example::
+
+        >>> def f(x):
+        ...     raise ValueError("not ready")
+        >>> try:
+        ...     f(1)
+        ... except ValueError as err:
+        ...     raised_by_user_code(err)
+        True
+    """
+    tb = err.__traceback__ if err is not None else None
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__") or ""
+    if module.partition(".")[0] in ("torch", "fxviews"):
+        return False
+    return _instruction_at(tb.tb_frame.f_code, tb.tb_lasti) in ("RAISE_VARARGS", "RERAISE")
+
+
+def _instruction_at(code: types.CodeType, offset: int) -> str | None:
+    for instruction in dis.get_instructions(code):
+        if instruction.offset == offset:
+            return instruction.opname
+    return None
 
 
 def trace(
@@ -176,13 +257,17 @@ def capture(
     messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
     call = _positional(fn, len(args))
-    with tracing_lock:
+    reads_memory = False  # the recording saw fn read tensor memory from Python
+    with tracing_lock, _capturing():
         if fresh and _has_real_values(args):
             try:
                 gm = _record_on_a_sample(call, args)
                 gm.meta[TRACED_WITH] = RECORDED
                 return gm
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
+                if raised_by_user_code(err):
+                    raise
+                reads_memory = isinstance(err, ReadsMemory)
                 logger.debug("fxviews: %s is traced in fake mode: %s", name, first_line(err))
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
@@ -198,6 +283,13 @@ def capture(
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
+        if reads_memory and not _is_fake_mode_limitation(fake_error):
+            raise TracingError(
+                f"{caller} could not trace {name}: it reads tensor memory from Python (`tolist`, "
+                f"`numpy`, ...), so values leave the graph, which one graph cannot capture for "
+                f"every value. ({type(fake_error).__name__}: {first_line(fake_error)})",
+                "reads tensor memory",
+            ) from fake_error
         if not _is_fake_mode_limitation(fake_error):
             raise TracingError(
                 f"{caller} could not trace {name} ({type(fake_error).__name__}: "
@@ -365,7 +457,7 @@ class _BranchDetector(TorchFunctionMode):
 def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
     """Raise a :class:`TracingError` for failures no tracing mode can get around."""
     prefix = f"{caller} could not trace {name}"
-    if isinstance(err, FxViewsError):
+    if isinstance(err, FxViewsError) or raised_by_user_code(err):
         raise err
     if isinstance(err, _TensorBranch):
         raise TracingError(
@@ -577,12 +669,19 @@ def _traced_under_guard(
 class _TraceGuard(TorchDispatchMode):
     """Runs inside a trace: undoes writes to foreign tensors, refuses data-dependent ops.
 
-    Tracing executes ``fn``, and make_fx runs ops on real tensors even in fake mode when all
-    their inputs are real constants (a closed-over buffer, a KV cache). Such writes would
-    happen once at trace time and again whenever the graph runs, so the first write to each
-    storage the trace did not create snapshots it, and :meth:`restore_foreign_writes` puts the
-    bytes back. In a real-mode trace, ``refuse_data_dependent`` also stops at every op whose
-    result depends on tensor values (a real trace would bake the example's).
+    Tracing executes ``fn``: a recording runs every op for real, and make_fx runs ops on real
+    tensors even in fake mode when all their inputs are real constants (a closed-over buffer, a
+    KV cache). Such writes would happen once at trace time and again whenever the graph runs
+    (BatchNorm's running statistics updated twice by a first call), so the first time an op
+    may write a storage the trace did not create, the guard snapshots it, and
+    :meth:`restore_foreign_writes` puts the bytes back. Which arguments an op may write is read
+    from its schema (every argument annotated ``Tensor(a!)``, not only ``self`` and ``out``),
+    and, where schemas are silent, assumed of every tensor that does not require grad:
+    ``native_batch_norm`` updates ``running_mean`` and ``running_var``, which its schema does
+    not annotate, and a kernel cannot write a tensor that requires grad behind autograd's back
+    without breaking it. Snapshots cost one copy of the buffers and plain tensors ``fn``
+    closes over, once per trace. In a real-mode trace, ``refuse_data_dependent`` also stops at
+    every op whose result depends on tensor values (a real trace would bake the example's).
 
     ``dense_zero_tangents`` (fake mode) makes forward AD's zero tangents ordinary zeros, see
     Note [Zero tangents in fake mode].
@@ -612,7 +711,7 @@ class _TraceGuard(TorchDispatchMode):
             raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
-        for written in _written_tensors(func, args, kwargs):
+        for written in _tensors_it_may_write(func, args, kwargs):
             self._snapshot_if_foreign(written)
         out = func(*args, **kwargs)
         self._own(out)
@@ -660,6 +759,29 @@ def _storage_key(value: Any) -> int | None:
     if is_zerotensor(value) or not has_storage(value):
         return None
     return value.untyped_storage().data_ptr()
+
+
+def _tensors_it_may_write(
+    func: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[torch.Tensor]:
+    """The tensors ``func`` may write to: its schema's written arguments, and every argument
+    that does not require grad, which a kernel may write without saying so (see _TraceGuard)."""
+    unannotated = [
+        tensor
+        for tensor in _tensor_arguments((*args, *kwargs.values()))
+        if not tensor.requires_grad
+    ]
+    return _written_tensors(func, args, kwargs) + unannotated
+
+
+def _tensor_arguments(values: Sequence[Any]) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments (lists and tuples nest in aten schemas), without
+    pytree's cost: the guard runs it on every op of a trace."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _tensor_arguments(value)
 
 
 def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:

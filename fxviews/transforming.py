@@ -20,14 +20,19 @@ each Python call layer costs about as much as the dict lookup:
    other call (keywords, non-tensor or nested arguments) takes the general key, pytree spec
    plus leaf keys (:meth:`_GraphCache.lookup`); the two kinds never compare equal, since a
    TreeSpec is not a ``(shape, dtype, device)`` triple.
-2. The entry is read without a lock, and a hit stamps it with the next tick of the cache's
+2. A key maps to the entries traced for it, most recently used first; each entry holds the
+   guard of the state it was traced in (Note [The state a graph bakes in]: process state and
+   module modes). A hit is the first entry's guard passing (~0.3 us, and 30 ns per module the
+   function reaches); otherwise the call looks through the others, and traces a new one for
+   the state now in force if none passes.
+3. The entry is read without a lock, and a hit stamps it with the next tick of the cache's
    clock (``itertools.count``, whose ``next`` is atomic). The least recently used entry is
    the one with the oldest stamp, found when a miss overflows the cache. An ``OrderedDict``
    kept in use order would need ``move_to_end`` on every hit, which hashes and compares the
    key a second time (about as long as the lookup); eviction, which pays instead, is rare
    and runs next to a trace that takes milliseconds.
-3. Misses, eager signatures (``fn`` could not be traced) and general keys go through
-   :meth:`_GraphCache.call`, which builds entries under the tracing lock.
+4. Misses, guard failures, eager signatures (``fn`` could not be traced) and general keys go
+   through :meth:`_GraphCache.call`, which builds entries under the tracing lock.
 
 Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
 are the logical per-sample ones, read in C++ like a plain tensor's: the key costs the same.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,6 +51,13 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
+from fxviews.guards import (
+    ModuleCalls,
+    StateGuard,
+    reachable_objects,
+    read_training,
+    uninitialized_lazy_modules,
+)
 from fxviews.passes.torch_internals import (
     disable_current_modes,
     get_unwrapped,
@@ -57,7 +70,15 @@ from fxviews.printouts import logger, report_rewrite
 from fxviews.rebuilding import Rebuilder, output_rebuilder
 from fxviews.rewriting import rewrite
 from fxviews.scalar_values import keep_item_values_as_tensors
-from fxviews.tracing import TracingError, capture, function_name, trace, tracing_lock
+from fxviews.tracing import (
+    EAGER_CAUSES,
+    TracingError,
+    capture,
+    function_name,
+    trace,
+    tracing_in_progress,
+    tracing_lock,
+)
 
 __all__ = ["CacheInfo", "explain", "transform"]
 
@@ -74,8 +95,9 @@ _GRAPH_OUTPUT_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool
 class CacheInfo(NamedTuple):
     """Statistics of a transformed function's graph cache, like ``functools.lru_cache``'s.
 
-    ``eager`` counts the cached signatures that run ``fn`` eagerly because it could not be
-    traced for them (see :func:`transform`).
+    ``eager`` counts the cached entries that run ``fn`` eagerly because its result depends on
+    tensor values in a way one graph cannot capture (see :func:`transform`). ``currsize``
+    counts entries: one per input signature and state traced in.
     """
 
     hits: int
@@ -95,11 +117,14 @@ def transform(
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
-    dtype and device; every other value) selects a cached graph. On a miss, ``fn`` is traced on
-    fresh contiguous tensors of those shapes, outside any enclosing ``torch.func``
-    transform; its ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`,
-    dead nodes are dropped, and the graph is cached (``cache_size`` signatures, least recently
-    used first out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
+    dtype and device; every other value) and the state eager PyTorch would read afresh (grad
+    mode, autocast, the default dtype and the rest of the process state ``torch.compile``
+    guards on; the ``training`` flag of every module ``fn`` reaches: see *Guards* in the
+    README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
+    those shapes in that state, outside any enclosing ``torch.func`` transform; its
+    ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`, dead nodes
+    are dropped, and the graph is cached (``cache_size`` entries, least recently used first
+    out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
     ``grad``, ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their compositions applied
     around the result see plain aten ops and are right for any memory layout, for example a
     batch dim that is not first in memory. ``fn`` may itself use ``torch.func`` transforms.
@@ -112,10 +137,18 @@ def transform(
     boolean masks, ``tolist``), as :func:`fxviews.trace` traces; see *Tracing real programs*
     in the README. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
-    from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
-    that signature, as ``torch.compile`` does at a graph break: it warns once through the
-    ``fxviews`` logger and counts the signature in ``cache_info().eager``. ``strict=True``
-    raises instead.
+    from tensor values), the transformed function runs ``fn`` eagerly for that signature, as
+    ``torch.compile`` does at a graph break: it warns once through the ``fxviews`` logger and
+    counts the signature in ``cache_info().eager``. Any other failure of a first call is not
+    cached: an exception ``fn`` raises propagates unchanged, and where fxviews cannot trace
+    ``fn`` (an uninitialized lazy module, a limitation of the tracer) this call runs eagerly
+    and the next one traces again. ``strict=True`` raises :class:`fxviews.TracingError`
+    instead of running ``fn`` eagerly. A transformed function called while another is traced
+    (or under :func:`fxviews.trace`) is traced through, as part of the outer graph.
+
+    Calls leave the state eager calls leave: buffers (BatchNorm's running statistics),
+    parameters, closed-over tensors and the random stream are updated once per call, by the
+    graph; the trace puts back whatever it wrote outside its own tensors.
 
     Tracing, cache updates and eager calls hold one process-wide lock (``torch.func`` code,
     traced or eager, is not reentrant across threads); calls that find their graph in the cache
@@ -177,8 +210,17 @@ def transform(
                 metadata.append((arg.shape, arg.dtype, arg.device))
             else:
                 key = tuple(metadata)
-        entry = entries.get(key) if key is not None else None
-        if entry is None or entry.forward is None:
+        traced = entries.get(key) if key is not None else None
+        if traced is None:
+            return cache.call(args, kwargs, key)
+        entry = traced[0]
+        guard = entry.guard
+        # StateGuard.check, written out (Note [The cached call]).
+        if (
+            entry.forward is None
+            or not guard.process.check()
+            or tuple(map(read_training, guard.modules)) != guard.trainings
+        ):
             return cache.call(args, kwargs, key)
         cache.hits += 1
         entry.last_used = next(clock)
@@ -208,13 +250,15 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 class _Entry:
     """One cached graph and how to map arguments to it and its outputs back to ``fn``'s.
 
-    ``forward`` is None when ``fn`` could not be traced for this signature and runs eagerly;
-    ``eager_reason`` then says why.
+    ``forward`` is None when ``fn`` cannot be traced for this signature (its result depends on
+    tensor values) and runs eagerly; ``eager_reason`` then says why. ``guard`` holds the state it
+    was traced in.
     """
 
     # The graph module's generated forward itself: a traced graph has no hooks, so
     # nn.Module.__call__ would only add overhead to every call.
     forward: Callable[..., list[Any]] | None
+    guard: StateGuard
     input_positions: tuple[int, ...] = ()
     # fn's output tree from the graph's flat outputs (constants of the signature included).
     rebuild: Rebuilder | None = None
@@ -228,10 +272,11 @@ class _Entry:
 class _GraphCache:
     """A bounded LRU map from input signatures to traced, rewritten graphs of one function.
 
-    Lookups take no lock: a hit only reads the map and stamps the entry with ``clock``'s next
-    tick. Misses build under the process-wide tracing lock, and look again once they hold it,
-    so threads missing on the same signature trace it once; one that overflows the map evicts
-    the entry with the oldest stamp.
+    Each signature maps to the entries traced for it, one per state they were traced in
+    (Note [The cached call]). Lookups take no lock: a hit only reads the map and stamps the
+    entry with ``clock``'s next tick. Misses build under the process-wide tracing lock, and look
+    again once they hold it, so threads missing on the same signature trace it once; one that
+    overflows the map evicts the entry with the oldest stamp.
     """
 
     def __init__(
@@ -241,32 +286,56 @@ class _GraphCache:
         self.strict = strict
         self.functionalize = functionalize
         self.maxsize = maxsize
-        self.entries: dict[Any, _Entry] = {}
+        self.entries: dict[Any, list[_Entry]] = {}
         self.clock = itertools.count(1)  # ticks of use: an entry's last_used is one of them
         self.hits = 0
         self.misses = 0
+        self.reported: set[str] = set()  # reasons already logged for calls run eagerly
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
         """``fn(*args, **kwargs)`` through the cache: the calls the inline hit does not finish.
 
         ``key`` is the call's positional key (Note [The cached call]), or None when it has none.
         """
-        entry, tensors = self.lookup(args, kwargs, key)
+        if tracing_in_progress():
+            # Called while fxviews traces another function: its ops become part of that graph
+            # (and that graph's rewrite), as any other function's would.
+            return self.fn(*args, **kwargs)
+        try:
+            entry, tensors = self.lookup(args, kwargs, key)
+        except _TraceLater as later:
+            result = self._eager(args, kwargs)
+            if later.reason is not None and later.reason not in self.reported:
+                # Said once the call has succeeded: an exception of fn's is the user's to see.
+                self.reported.add(later.reason)
+                logger.warning(
+                    "fxviews.transform ran %s eagerly for this call (no graph); the next call "
+                    "traces again: %s",
+                    function_name(self.fn),
+                    later.reason,
+                )
+            return result
         if entry.forward is None:
-            # Eager torch.func is not thread-safe (forward-AD levels and the functorch
-            # interpreter state are process-wide): concurrent eager jvp calls return wrong
-            # tangents or crash the process. Eager calls take the tracing lock, as traces do.
-            with tracing_lock:
-                return self.fn(*args, **kwargs)
+            return self._eager(args, kwargs)
         return entry.rebuild(entry.forward(*tensors))  # type: ignore[misc]
+
+    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Eager torch.func is not thread-safe (forward-AD levels and the functorch interpreter
+        # state are process-wide): concurrent eager jvp calls return wrong tangents or crash
+        # the process. Eager calls take the tracing lock, as traces do.
+        with tracing_lock:
+            return self.fn(*args, **kwargs)
 
     def lookup(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any
     ) -> tuple[_Entry, Sequence[Any]]:
-        """The entry for this call's signature (built on a miss) and the tensors to run it on."""
+        """The entry for this call's signature and state (built on a miss) and the tensors to
+        run it on. Raises :class:`_TraceLater` where ``fn`` cannot be traced now but may be
+        later, and the TypeError of a call ``fn``'s signature does not accept."""
         if key is not None:
             entry = self._get(key)
             if entry is None:
+                _check_arguments(self.fn, args, kwargs)
                 entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
             return entry, args
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -274,34 +343,49 @@ class _GraphCache:
         key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
         entry = self._get(key)
         if entry is None:
+            _check_arguments(self.fn, args, kwargs)
             entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
         return entry, [leaves[i] for i in entry.input_positions]
 
     def _get(self, key: Any) -> _Entry | None:
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.hits += 1
-            entry.last_used = next(self.clock)
-        return entry
+        """The entry of ``key`` whose guard passes now, moved first in its list."""
+        traced = self.entries.get(key, ())
+        for position, entry in enumerate(traced):
+            if entry.guard.check():
+                if position:
+                    traced.insert(0, traced.pop(position))
+                self.hits += 1
+                entry.last_used = next(self.clock)
+                return entry
+        return None
 
     def _insert(
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> _Entry:
         with tracing_lock:
-            entry = self.entries.get(key)
+            entry = self._get(key)
             if entry is not None:  # built by another thread while this one waited
+                self.hits -= 1  # counted as this call's miss below
                 return entry
             self.misses += 1
             entry = self._build(spec, leaves, keepalive)
             entry.last_used = next(self.clock)
-            self.entries[key] = entry
-            if len(self.entries) > self.maxsize:
-                entries = self.entries
-                del entries[min(entries, key=lambda k: entries[k].last_used)]
+            self.entries.setdefault(key, []).insert(0, entry)
+            if sum(map(len, self.entries.values())) > self.maxsize:
+                self._evict_least_recently_used()
             return entry
 
+    def _evict_least_recently_used(self) -> None:
+        key, oldest = min(
+            ((key, entry) for key, traced in self.entries.items() for entry in traced),
+            key=lambda item: item[1].last_used,
+        )
+        self.entries[key].remove(oldest)
+        if not self.entries[key]:
+            del self.entries[key]
+
     def info(self) -> CacheInfo:
-        entries = list(self.entries.values())
+        entries = [entry for traced in self.entries.values() for entry in traced]
         eager = sum(entry.forward is None for entry in entries)
         return CacheInfo(self.hits, self.misses, self.maxsize, len(entries), eager)
 
@@ -313,20 +397,49 @@ class _GraphCache:
     def _build(
         self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
     ) -> _Entry:
+        """Trace ``fn`` for this signature in the state now in force.
+
+        Returns an eager entry where ``fn``'s result depends on tensor values (cached: no later
+        call can trace it), and raises :class:`_TraceLater` where ``fn`` cannot be traced now
+        but may be later (run it eagerly this once, trace again next call). An exception
+        ``fn``'s own code raises propagates unchanged (:func:`fxviews.tracing.capture`).
+        """
+        guard = StateGuard()  # the caller's state, before the trace can change anything
+        modules = _modules_reached(self.fn)
+        lazy = uninitialized_lazy_modules(modules)
+        if lazy:
+            if self.strict:
+                raise TracingError(
+                    f"fxviews.transform cannot trace {function_name(self.fn)} before its lazy "
+                    f"modules ({', '.join(type(m).__name__ for m in lazy)}) create their "
+                    f"parameters: call it once without strict=True, or call the module once.",
+                    "lazy module",
+                )
+            raise _TraceLater(None)  # their first call creates the parameters, quietly
         try:
-            return self._build_graph(spec, leaves, keepalive)
+            entry = self._build_graph(spec, leaves, keepalive, guard)
         except TracingError as err:
             if self.strict:
                 raise
-            logger.warning(
-                "fxviews.transform runs %s eagerly for this input signature (no graph): %s",
-                function_name(self.fn),
-                err,
-            )
-            return _Entry(forward=None, keepalive=keepalive, eager_reason=str(err))
+            if err.cause in EAGER_CAUSES:  # the function's nature: no later call traces it
+                logger.warning(
+                    "fxviews.transform runs %s eagerly for this input signature (no graph): %s",
+                    function_name(self.fn),
+                    err,
+                )
+                return _Entry(forward=None, guard=guard, keepalive=keepalive, eager_reason=str(err))
+            # Not the function's nature: a state not ready yet, or fxviews' limit. Eager decides
+            # this call (its exception, if any, is the user's), and the next call traces again.
+            raise _TraceLater(str(err)) from err
+        guard.watch(modules)
+        return entry
 
     def _build_graph(
-        self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]
+        self,
+        spec: pytree.TreeSpec,
+        leaves: list[Any],
+        keepalive: tuple[Any, ...],
+        guard: StateGuard,
     ) -> _Entry:
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
@@ -350,25 +463,61 @@ class _GraphCache:
         name = function_name(self.fn)
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
         # batched under) the transforms or tracers this call happens inside either.
-        with _outside_transforms():
+        with _outside_transforms(), ModuleCalls() as calls:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             tensors = [leaves[i] for i in positions]
             gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict)
+        guard.watch(calls.modules)
         report_rewrite(result, source=f"transform({name})")
         forward = result.graph_module.forward
         if _has_dynamic_output_shape(result.graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         return _Entry(
             forward=forward,
+            guard=guard,
             input_positions=positions,
             rebuild=output_rebuilder(
                 out_info["spec"], out_info["from_graph"], out_info["constants"]
             ),
             keepalive=keepalive,
         )
+
+
+class _TraceLater(Exception):  # noqa: N818 - a signal, not an error users see
+    """``fn`` cannot be traced for this call, and may be for a later one: run it eagerly.
+
+    ``reason`` is what to log once the eager call succeeds (None: nothing worth saying).
+    """
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise the TypeError of a call ``fn``'s signature does not accept, before any trace."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): the trace will tell
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{function_name(fn)}(): {err}") from None
+
+
+def _modules_reached(fn: Callable[..., Any]) -> list[torch.nn.Module]:
+    """The modules ``fn`` reaches statically (see :func:`fxviews.guards.reachable_objects`),
+    each with its submodules."""
+    return [
+        module
+        for obj in reachable_objects(fn)
+        if isinstance(obj, torch.nn.Module)
+        for module in obj.modules()
+    ]
 
 
 def _has_dynamic_output_shape(graph: torch.fx.Graph) -> bool:
@@ -438,52 +587,36 @@ def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
 
 @contextlib.contextmanager
 def _outside_transforms() -> Iterator[None]:
-    """Step out of every active torch.func transform and dispatch mode, in a fixed grad mode.
+    """Step out of every active torch.func transform and dispatch mode, in the caller's grad mode.
 
-    The graph is cached and reused from any context, so it must not depend on where the first
-    call happened: enclosing transforms are re-applied when the graph runs on the real arguments.
+    The graph is cached and reused from any transform context, so it must not depend on where
+    the first call happened: enclosing transforms are re-applied when the graph runs on the real
+    arguments. Grad mode is part of the entry's guard, and stays the caller's (inference mode,
+    which would make the trace's tensors inference tensors, is left with grad mode as it was).
     """
+    grad_enabled = torch.is_grad_enabled()
     with contextlib.ExitStack() as stack:
         stack.enter_context(temporarily_clear_interpreter_stack())
         stack.enter_context(disable_current_modes())
         stack.enter_context(torch.inference_mode(False))
-        stack.enter_context(torch.enable_grad())
+        stack.enter_context(torch.set_grad_enabled(grad_enabled))
         yield
 
 
 def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
-    """Refuse an ``fn`` whose closure holds a tensor wrapped by an enclosing transform.
+    """Refuse an ``fn`` that reaches a tensor wrapped by an enclosing transform.
 
     Traced outside the transforms, such a tensor becomes a plain constant of the graph: under
-    ``grad`` or ``jvp`` its derivative would silently be zero. Closures, defaults and partial
-    arguments are searched (recursively through the functions they hold); tensors reached
-    another way (globals, attributes) are not, and vmap-wrapped ones are caught while tracing.
+    ``grad`` or ``jvp`` its derivative would silently be zero. Everything ``fn`` reaches
+    statically is searched (:func:`fxviews.guards.reachable_objects`: closures, defaults,
+    partial arguments, globals its code reads); tensors reached another way (attributes) are
+    not, and vmap-wrapped ones are caught while tracing.
     """
-    seen: set[int] = set()
-    pending: list[Any] = [fn]
-    while pending:
-        obj = pending.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            if is_functorch_wrapped_tensor(obj):
-                raise TracingError(
-                    f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "
-                    f"tensor wrapped by an enclosing torch.func transform, whose derivative or "
-                    f"batch dim the cached graph would lose. Pass that tensor as an argument.",
-                    "closure over a transformed tensor",
-                )
-        elif isinstance(obj, functools.partial):
-            pending += [obj.func, *obj.args, *obj.keywords.values()]
-        elif isinstance(obj, (list, tuple)):
-            pending += obj
-        elif isinstance(obj, dict):
-            pending += obj.values()
-        elif callable(obj):
-            code_fn = getattr(obj, "__func__", obj)
-            for cell in getattr(code_fn, "__closure__", None) or ():
-                with contextlib.suppress(ValueError):  # an unassigned cell
-                    pending.append(cell.cell_contents)
-            pending += getattr(code_fn, "__defaults__", None) or ()
-            pending += (getattr(code_fn, "__kwdefaults__", None) or {}).values()
+    for obj in reachable_objects(fn):
+        if isinstance(obj, torch.Tensor) and is_functorch_wrapped_tensor(obj):
+            raise TracingError(
+                f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "
+                f"tensor wrapped by an enclosing torch.func transform, whose derivative or "
+                f"batch dim the cached graph would lose. Pass that tensor as an argument.",
+                "closure over a transformed tensor",
+            )
