@@ -133,10 +133,10 @@ class TracingError(FxViewsError):
 
     ``cause`` is one of ``"control flow"`` (a Python branch on a tensor value),
     ``"data-dependent shape"`` (a size or Python number computed from tensor values),
-    ``"reads tensor memory"`` (``.numpy()``, ``tolist``: values leave the graph; found by
-    ``transform``'s recording), ``"closure over a transformed tensor"``, ``"lazy module"``
-    (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real tracing
-    could run).
+    ``"reads tensor values"`` (``.numpy()``, ``tolist``, found by ``transform``'s recording, or
+    ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
+    transformed tensor"``, ``"lazy module"`` (parameters not created yet) or ``"untraceable"``
+    (an op neither fake nor real tracing could run).
 
     Example::
 
@@ -158,7 +158,7 @@ EAGER_CAUSES = frozenset(
     {
         "control flow",
         "data-dependent shape",
-        "reads tensor memory",
+        "reads tensor values",
         "closure over a transformed tensor",
     }
 )
@@ -273,7 +273,7 @@ def capture(
         fake_args = _fake_examples(args, mode, fresh)
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
-                guard = _TraceGuard(fake_args, dense_zero_tangents=True)
+                guard = _TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=True)
                 gm = _traced_under_guard(
                     lambda f: make_fx(f, tracing_mode="fake")(*fake_args), call, guard
                 )
@@ -288,7 +288,7 @@ def capture(
                 f"{caller} could not trace {name}: it reads tensor memory from Python (`tolist`, "
                 f"`numpy`, ...), so values leave the graph, which one graph cannot capture for "
                 f"every value. ({type(fake_error).__name__}: {first_line(fake_error)})",
-                "reads tensor memory",
+                "reads tensor values",
             ) from fake_error
         if not _is_fake_mode_limitation(fake_error):
             raise TracingError(
@@ -473,6 +473,12 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
             f"for every value. ({first_line(err)})",
             "data-dependent shape",
         ) from err
+    if isinstance(err, _ConstantRead):
+        raise TracingError(
+            f"{prefix}: {err}; eager PyTorch reads it again on every call, a graph would bake "
+            f"in this call's value.",
+            "reads tensor values",
+        ) from err
     if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
         raise TracingError(
             f"{prefix}: it uses a tensor wrapped by an enclosing torch.func transform that is "
@@ -533,6 +539,11 @@ def _is_fake_mode_limitation(err: Exception) -> bool:
 
 class _DataDependentOp(RuntimeError):
     """A real-mode trace met an op whose result depends on tensor values."""
+
+
+class _ConstantRead(RuntimeError):
+    """A fake-mode trace read the value of a real tensor the function closes over (``.item()``
+    of a buffer, as BatchNorm with ``momentum=None`` does of ``num_batches_tracked``)."""
 
 
 def _capture_real(
@@ -681,7 +692,10 @@ class _TraceGuard(TorchDispatchMode):
     not annotate, and a kernel cannot write a tensor that requires grad behind autograd's back
     without breaking it. Snapshots cost one copy of the buffers and plain tensors ``fn``
     closes over, once per trace. In a real-mode trace, ``refuse_data_dependent`` also stops at
-    every op whose result depends on tensor values (a real trace would bake the example's).
+    every op whose result depends on tensor values (a real trace would bake the example's). In
+    fake mode, ``refuse_constant_reads`` stops at such an op run on real tensors alone (fake
+    mode runs it for real, on the closed-over tensors' values of this call, and the graph would
+    keep that number while eager reads the tensor afresh each call).
 
     ``dense_zero_tangents`` (fake mode) makes forward AD's zero tangents ordinary zeros, see
     Note [Zero tangents in fake mode].
@@ -692,10 +706,12 @@ class _TraceGuard(TorchDispatchMode):
         inputs: Sequence[Any],
         *,
         refuse_data_dependent: bool = False,
+        refuse_constant_reads: bool = False,
         dense_zero_tangents: bool = False,
     ) -> None:
         super().__init__()
         self._refuse_data_dependent = refuse_data_dependent
+        self._refuse_constant_reads = refuse_constant_reads
         self._dense_zero_tangents = dense_zero_tangents
         self._owned: set[int] = set()
         self._own(inputs)
@@ -709,6 +725,12 @@ class _TraceGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._refuse_data_dependent and reads_values_into_shape(func, args):
             raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+        if (
+            self._refuse_constant_reads
+            and reads_values_into_shape(func, args)
+            and not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args))
+        ):
+            raise _ConstantRead(f"it reads the value of a tensor it closes over ({func})")
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
         for written in _tensors_it_may_write(func, args, kwargs):
