@@ -218,8 +218,8 @@ def transform(
         # StateGuard.check, written out (Note [The cached call]).
         if (
             entry.forward is None
-            or not guard.process.check()
-            or tuple(map(read_training, guard.modules)) != guard.trainings
+            or not guard.check_process()
+            or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
         ):
             return cache.call(args, kwargs, key)
         cache.hits += 1

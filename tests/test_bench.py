@@ -92,10 +92,14 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     # Row 5: the cached call against its graph returning fn's tree and a flat list, called
     # directly and under vmap, every path measured and the differences consistent with them.
     overhead = rows["overhead"]
+    modules = len(list(rows_runtime.guarded_model().modules()))
     assert [line["call"] for line in overhead] == [
         "direct",
         f"vmap, B={rows_runtime.OVERHEAD_BATCH}",
+        f"{modules} modules",
     ]
+    module_line = overhead.pop()  # a transformed module beside its graph: no tree variants
+    assert module_line["overhead_s"] == module_line["tf_s"] - module_line["graph_s"] > -1e-3
     for line in overhead:
         assert all(line[k] > 0 for k in ("tf_s", "graph_s", "flat_graph_s"))
         assert line["overhead_s"] == line["tf_s"] - line["graph_s"]

@@ -109,6 +109,15 @@ def bench_graph(settings: Settings) -> Table:
 OVERHEAD_BATCH = 256
 
 
+def guarded_model() -> torch.nn.Module:
+    """Row 5's model: 17 modules in eval mode, whose training flags a cached call checks."""
+    blocks = [
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1), torch.nn.ReLU())
+        for _ in range(4)
+    ]
+    return torch.nn.Sequential(*blocks).eval()
+
+
 def bench_overhead(settings: Settings) -> Table:
     """Row 5: what a cached ``transform`` call adds to its graph's, without and under vmap.
 
@@ -119,6 +128,10 @@ def bench_overhead(settings: Settings) -> Table:
     difference of the two graphs is what vmap charges for unwrapping a nested output; what
     fxviews adds is the transform over the tree graph. Each is a ``forward`` called directly,
     as the transform calls its graph (``nn.Module.__call__`` would add its own overhead).
+
+    A last line calls a transformed ``nn.Module`` (:func:`guarded_model`) beside its graph:
+    the cache's guard checks the process state and every module's ``training`` flag on each
+    hit (Note [The state a graph bakes in]).
 
     The differences are microseconds: timings are the minimum CPU time over many short
     interleaved repeats (:func:`min_cpu_seconds`), not medians.
@@ -159,4 +172,24 @@ def bench_overhead(settings: Settings) -> Table:
                 "note": why,
             }
         )
+    model, x = guarded_model(), torch.randn(8)
+    calls = {"graph": functools.partial(rewritten(fxviews.trace(model, x)).forward, x)}
+    if transform is not None:
+        calls["tf"] = functools.partial(transform(model), x)
+        calls["tf"]()
+    times = {"tf": None}
+    times.update(min_cpu_seconds(calls, settings.repeats * 15, settings.min_repeat_seconds / 10))
+    table.append(
+        {
+            "call": f"{len(list(model.modules()))} modules",
+            "tf_s": times["tf"],
+            "graph_s": times["graph"],
+            "flat_graph_s": None,
+            "overhead_s": above(times["tf"], times["graph"]),
+            "overhead_flat_s": None,
+            "tree_cost_s": None,
+            "tf/graph": ratio(times["tf"], times["graph"]),
+            "note": why,
+        }
+    )
     return table
