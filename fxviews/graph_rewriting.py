@@ -161,8 +161,12 @@ def rewrite_in_place(
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
     pin_layouts: bool = True,
+    guard_kept: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
+
+    ``guard_kept`` puts the run-time guards of kept nodes in the graph (a Python call each, see
+    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend).
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
     callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
@@ -176,7 +180,9 @@ def rewrite_in_place(
         >>> rewrite_in_place(gm).graph_module is gm
         True
     """
-    steps = RewriteSteps(reshape_views=reshape_views, pin_layouts=pin_layouts, guard_kept=True)
+    steps = RewriteSteps(
+        reshape_views=reshape_views, pin_layouts=pin_layouts, guard_kept=guard_kept
+    )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
         result = _rewrite_steps(gm, code_before, strict, example_inputs, steps)

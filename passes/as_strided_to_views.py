@@ -514,12 +514,12 @@ def _candidates(call: _Call, context: _GraphContext) -> Iterator[tuple[str, View
         yield "synthesized", chain, call
     if call.op not in _REBASABLE:
         return
-    for base, geometry in exposing_bases(
+    for holder, geometry in exposing_bases(
         call.source, lambda n: context.layout_mutation(call.node, n)
     ):
         relative = index.lookup(geometry, target) or synthesize(geometry, target)
         if relative is not None:
-            yield "rebased", relative, call.rebased(base, geometry)
+            yield "rebased", relative, call.rebased(holder, geometry)
 
 
 def _symbolic_candidates(

@@ -53,7 +53,7 @@ def note_user_frames(node: torch.fx.Node) -> None:
 def user_frames(frame: FrameType | None) -> traceback.StackSummary:
     """The user's frames among ``frame`` and its callers, outermost first (at most
     :data:`MAX_FRAMES`, the innermost ones)."""
-    mine = []
+    mine: list[tuple[FrameType, int]] = []
     while frame is not None and len(mine) < MAX_FRAMES:
         module = str(frame.f_globals.get("__name__", "")).split(".")[0]
         generated = frame.f_code.co_filename.startswith("<eval_with_key>")  # FX's forward
