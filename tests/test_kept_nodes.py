@@ -16,6 +16,7 @@ from torch.func import grad, vmap
 import fxviews
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.vmap_guards import per_sample_geometry
+from fxviews.tracing import capture
 from tests.reference import as_strided_nodes, make_samples, per_sample_reference, stack_batched
 
 
@@ -69,6 +70,23 @@ def test_rebased_at_every_batch_position_of_a_2d_input(bd):
     _check_vmap(_past_the_columns, [(3, 4)], bd)
 
 
+def test_rebased_reads_have_the_derivative_of_what_they_read():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    transformed = fxviews.transform(_past_the_columns)
+    # The numerical Jacobian is the reference, in both modes: column 2 is read, so it has a
+    # derivative. Eager's reverse mode drops it (as_strided's backward only reaches the
+    # elements of its input, x[:, :2]); its forward mode keeps it.
+    assert torch.autograd.gradcheck(transformed, (x,))
+    assert torch.autograd.gradcheck(
+        transformed, (x,), check_forward_ad=True, check_backward_ad=False, check_batched_grad=False
+    )
+    eager_grad = grad(lambda x: _past_the_columns(x).sum())(x.detach())
+    assert torch.equal(eager_grad[:, 2], torch.zeros(3, dtype=torch.float64))
+    # A non-contiguous argument: the rebased chain reads x[:, :3] whatever the layout.
+    xt = x.detach().t().contiguous().t()
+    torch.testing.assert_close(transformed(xt), _past_the_columns(x.detach()))
+
+
 @pytest.mark.parametrize("bd", [0, 1])
 def test_a_rebased_read_sees_writes_made_before_it_through_any_alias(bd):
     _check_vmap(_after_a_write, [(6,)], bd)
@@ -100,6 +118,15 @@ def test_a_node_that_must_stay_kept_raises_under_vmap_naming_its_source_line():
     # Outside vmap the kept node computes what eager computes.
     x = torch.randn(6)
     torch.testing.assert_close(transformed(x.clone()), _restrided_input(x.clone()))
+
+
+def test_kept_records_and_their_printout_name_the_source_line():
+    where = f"test_kept_nodes.py:{_line_of(_restrided_input, 'restrided')}"
+    gm = capture(_restrided_input, [torch.randn(6)], fresh=True, caller="test", name="f")
+    result = fxviews.rewrite(gm)  # a recorded trace, as transform makes it
+    [record] = result.records
+    assert record.method == "kept" and record.source is not None and where in record.source
+    assert where in str(result)
 
 
 def test_strict_names_the_source_line():
