@@ -7,7 +7,8 @@ that made the node, not the graph node's generated name.
 
 Tracers that record no stack (fxviews' recording) call :func:`note_user_frames` on the nodes
 messages may be about (the layout-bound ones: the as_strided family and friends), so the cost
-of walking the stack is paid for those few nodes only. Frames of torch, functorch, fxviews and
+of walking the stack is paid for those few nodes only (its ``File ..., line ..., in ...``
+lines, without the source text). Frames of torch, functorch, fxviews and
 the standard library's plumbing are left out: what remains is the user's code.
 
 Example::
@@ -23,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import traceback
 from types import FrameType
 
 import torch.fx
@@ -47,20 +47,27 @@ def note_user_frames(node: torch.fx.Node) -> None:
         return
     frames = user_frames(sys._getframe(1))
     if frames:
-        node.meta["stack_trace"] = "".join(traceback.format_list(frames))
+        node.meta["stack_trace"] = "".join(
+            f'  File "{file}", line {line}, in {name}\n' for file, line, name in frames
+        )
 
 
-def user_frames(frame: FrameType | None) -> traceback.StackSummary:
-    """The user's frames among ``frame`` and its callers, outermost first (at most
-    :data:`MAX_FRAMES`, the innermost ones)."""
-    mine: list[tuple[FrameType, int]] = []
+def user_frames(frame: FrameType | None) -> list[tuple[str, int, str]]:
+    """``(file, line, function)`` of the user's frames among ``frame`` and its callers,
+    outermost first (at most :data:`MAX_FRAMES`, the innermost ones).
+
+    Written without the source text of each line (``traceback.format_list`` would read it),
+    which keeps a recorded stack cheap; :func:`source_line` needs only the position.
+    """
+    mine: list[tuple[str, int, str]] = []
     while frame is not None and len(mine) < MAX_FRAMES:
         module = str(frame.f_globals.get("__name__", "")).split(".")[0]
-        generated = frame.f_code.co_filename.startswith("<eval_with_key>")  # FX's forward
+        code = frame.f_code
+        generated = code.co_filename.startswith("<eval_with_key>")  # FX's forward
         if module not in _INTERNAL_MODULES and not generated:
-            mine.append((frame, frame.f_lineno))
+            mine.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
-    return traceback.StackSummary.extract(reversed(mine))
+    return mine[::-1]
 
 
 def source_line(node: torch.fx.Node) -> str | None:
