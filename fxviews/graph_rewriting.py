@@ -7,6 +7,7 @@ the export consumer (:mod:`fxviews.consumers.export`) calls it on an exported pr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
 from fxviews.passes.graph_edits import collector_paused, copy_graph
 from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
+from fxviews.passes.vmap_guards import guard_kept_nodes
 from fxviews.printouts import debug_enabled, format_result, format_summary
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
@@ -77,6 +79,8 @@ class RewriteResult:
 class RewriteSteps:
     """What a rewrite emits: the opset of its chains, and whether the layout steps run.
 
+    ``guard_kept=True`` puts a run-time guard before each kept node that bakes strides (Note
+    [Kept nodes under vmap]): for graphs fxviews runs itself, where a guard is a Python call.
     ``tidy_untouched=False`` leaves a graph the steps did not change exactly as it was (no dead
     code or redundant alias removed): an exported program without as_strided then reaches its
     compiler unchanged.
@@ -91,6 +95,7 @@ class RewriteSteps:
     reshape_views: bool = True
     pin_layouts: bool = True
     tidy_untouched: bool = True
+    guard_kept: bool = False
 
     @classmethod
     def of(
@@ -156,8 +161,12 @@ def rewrite_in_place(
     example_inputs: Sequence[Any] | None = None,
     reshape_views: bool = True,
     pin_layouts: bool = True,
+    guard_kept: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
+
+    ``guard_kept`` puts the run-time guards of kept nodes in the graph (a Python call each, see
+    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend).
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
     callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
@@ -171,7 +180,9 @@ def rewrite_in_place(
         >>> rewrite_in_place(gm).graph_module is gm
         True
     """
-    steps = RewriteSteps(reshape_views=reshape_views, pin_layouts=pin_layouts)
+    steps = RewriteSteps(
+        reshape_views=reshape_views, pin_layouts=pin_layouts, guard_kept=guard_kept
+    )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
         result = _rewrite_steps(gm, code_before, strict, example_inputs, steps)
@@ -207,6 +218,9 @@ def _rewrite_steps(
         if reclones.modified:  # the overwritten clone's old input may have no reader left
             remove_dead_pure_nodes(gm, recompile=False)
             modified = True
+    # Last: a guard is a Python call, which the alias analysis of every step would find opaque.
+    guarded = guard_kept_nodes(gm, pinned.records) if steps.guard_kept else {}
+    modified = modified or bool(guarded)
     if modified:
         gm.recompile()
     return RewriteResult(
@@ -216,7 +230,15 @@ def _rewrite_steps(
         code_before=code_before,
         seconds=time.perf_counter() - start,
         view_records=credit_engine(reshaped.records, made),
-        pin_records=credit_engine(pinned.records, made),
+        pin_records=credit_engine(_note_guards(pinned.records, guarded), made),
         clone_records=reclones.records,
         traced_with=gm.meta.get(TRACED_WITH),
     )
+
+
+def _note_guards(records: list[Record], guarded: dict[str, str]) -> list[Record]:
+    """``records``, saying what the guard of each guarded kept node does."""
+    return [
+        dataclasses.replace(r, reason=f"{r.reason}; {guarded[r.node]}") if r.node in guarded else r
+        for r in records
+    ]

@@ -119,7 +119,7 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
         >>> print(format_table([Record("as_strided", "as_strided(t, [6], [1], 0)",
         ...                            "select(t, 0, 0)", "provenance", "twin view")]))
     """
-    rows = [[r.node, r.before, r.after, r.method, r.reason] for r in records]
+    rows = [[_node_cell(r), r.before, r.after, r.method, r.reason] for r in records]
     # tabulate makes every column at least its header plus _HEADER_PADDING wide.
     minimums = [len(header) + _HEADER_PADDING for header in _HEADERS]
     natural = [
@@ -134,6 +134,11 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
     widths = [node, *code, method, max(budget - node - method - sum(code), minimums[4])]
     wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths, strict=True)] for row in rows]
     return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
+
+
+def _node_cell(record: Record) -> str:
+    """The node's name, and below it the user's source line that made it, if recorded."""
+    return record.node if record.source is None else f"{record.node}\n{record.source}"
 
 
 def format_summary(result: Rewrite) -> str:
@@ -231,7 +236,7 @@ def report_rewrite(
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
             source,
-            record.node,
+            _node_cell(record).replace("\n", " at "),
             record.before,
             record.after,
             record.method,

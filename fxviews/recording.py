@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.passes.source_lines import note_user_frames
 from fxviews.passes.torch_internals import (
     FakeTensor,
     FakeTensorMode,
@@ -231,6 +232,7 @@ class OpRecorder(TorchDispatchMode):
         if not shaped_by_metadata(func, args, kwargs, out):
             raise NotRecordable(f"it calls {func}, which fake mode cannot run on metadata alone")
         node = self.graph.call_function(func, tuple(node_args), node_kwargs)
+        note_user_frames(node)  # the user's source line, for messages about kept nodes
         if isinstance(out, torch.Tensor):
             self._track(out, node)
         elif isinstance(out, (tuple, list)):

@@ -19,7 +19,10 @@ input's exact geometry and must reproduce the target's geometry):
 4. synthesized - derive a chain from the two geometries (``synthesis.synthesize``); with
                  symbolic shapes, last, a chain over the flat buffer of a dense input, proven
                  where the as_strided reads inside it and asserting that at run time
-                 (Note [Rewrites that assert their reads stay inside the input]).
+                 (Note [Rewrites that assert their reads stay inside the input]);
+5. rebased     - static ``as_strided``/``as_strided_copy`` only: the input does not expose
+                 what the node reads, so provenance or synthesis relative to a tensor the input
+                 is a view of (Note [Rewrites relative to a base] in ``exposing_bases.py``).
 
 If none verifies, the node is kept with the reason: a witness address when it reads memory the
 input does not expose (unsafe), or "no view form" when it may be safe but no view op chain
@@ -66,6 +69,7 @@ from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
 from .errors import RequestedGeometry, UnsafeAsStridedError
 from .example_inputs import check_example_inputs, ensure_metadata
+from .exposing_bases import exposing_bases
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
 from .op_tables import METADATA_MUTATIONS
@@ -81,6 +85,7 @@ from .scatter import (
     symbolic_base_view_step,
     views_split_one_dim,
 )
+from .source_lines import source_line
 from .symbolic_geometry import (
     ShapeFacts,
     SymbolicGeometry,
@@ -153,12 +158,21 @@ class _Call:
     source_geometry: Geometry
     target: Geometry
     symbolic: _Symbolic | None = None
+    #: The node's own input, when ``source`` is a base of it that a chain reads instead.
+    rebased_from: torch.fx.Node | None = None
 
     def describe(self) -> str:
         src = [] if self.src is None else [self.src]
         t = self.target if self.symbolic is None else self.symbolic.target
-        args = [self.source, *src, list(t.sizes), list(t.strides), t.offset]
+        own_input = self.source if self.rebased_from is None else self.rebased_from
+        args = [own_input, *src, list(t.sizes), list(t.strides), t.offset]
         return describe_call(self.op, args)
+
+    def rebased(self, base: torch.fx.Node, geometry: Geometry) -> _Call:
+        """This call read from ``base`` (of trace-time ``geometry``) instead of its input."""
+        return dataclasses.replace(
+            self, source=base, source_geometry=geometry, rebased_from=self.source
+        )
 
     def verifies(self, chain: ViewChain) -> bool:
         """Whether ``chain`` gives the target from the input, at every size if symbolic."""
@@ -263,7 +277,9 @@ class AsStridedToViews(RecordingPass):
             record = self._rewrite_node(node, context)
             records.append(record)
             if record.method == "kept" and self.strict:
-                raise UnsafeAsStridedError(record.node, requested_geometry(node), record.reason)
+                raise UnsafeAsStridedError(
+                    record.node, requested_geometry(node), record.reason, source=record.source
+                )
         for replaced in context.replacer.finish():
             graph.erase_node(replaced)
         modified = any(r.method != "kept" for r in records)
@@ -275,7 +291,15 @@ class AsStridedToViews(RecordingPass):
         call, problem = _parse(node, context.index.facts)
         if call is None:
             before = describe_call(as_strided_op(node) or node.target, node.args, node.kwargs)
-            return Record(node.name, before, "", "kept", problem, kind=RecordKind.AS_STRIDED)
+            return Record(
+                node.name,
+                before,
+                "",
+                "kept",
+                problem,
+                kind=RecordKind.AS_STRIDED,
+                source=source_line(node),
+            )
         graph, position = context.graph, context.position
         if call.symbolic is not None and call.op in _STATIC_ONLY:
             return _kept(
@@ -307,7 +331,7 @@ class AsStridedToViews(RecordingPass):
                 "its trace-time layout is ambiguous",
             )
         unwritten = ""  # why the first verified chain has no form in the opset
-        for method, view_chain, chosen in _candidates(call, context.index):
+        for method, view_chain, chosen in _candidates(call, context):
             if not chosen.verifies(view_chain):
                 continue
             chain, why = chosen.in_opset(view_chain, context)
@@ -322,7 +346,7 @@ class AsStridedToViews(RecordingPass):
             if emitted is None:
                 continue
             after, out = emitted
-            reason = _REASONS[method]
+            reason = _reason(chosen, method)
             assertion = None if chosen.symbolic is None else chosen.symbolic.assertion
             if assertion is not None:  # checked before the chain's views can raise or clamp
                 for made in assertion.emit(graph, node, before=before_chain.next):
@@ -362,6 +386,15 @@ def credit_engine(records: list[Record], made: dict[str, str]) -> list[Record]:
     ]
 
 
+def _reason(call: _Call, method: str) -> str:
+    if call.rebased_from is None:
+        return _REASONS[method]
+    return (
+        f"its input {call.rebased_from.name!r} does not expose all it reads; view ops from "
+        f"{call.source.name!r} ({call.source_geometry}), which it is a view of, verified"
+    )
+
+
 _REASONS = {
     "identity": "same geometry as its input",
     "provenance": "replays the graph's own view ops from a base of the same geometry",
@@ -378,7 +411,13 @@ def _is_as_strided(node: torch.fx.Node) -> bool:
 
 def _record(call: _Call, after: str, method: str, reason: str) -> Record:
     return Record(
-        call.node.name, call.describe(), after, method, reason, kind=RecordKind.AS_STRIDED
+        call.node.name,
+        call.describe(),
+        after,
+        method,
+        reason,
+        kind=RecordKind.AS_STRIDED,
+        source=source_line(call.node),
     )
 
 
@@ -440,11 +479,17 @@ def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None,
 _STATIC_ONLY = (aten.as_strided_.default,)
 #: Variants whose result may be a copy with the as_strided's values, in a functional graph.
 _COPYABLE = (aten.as_strided.default, aten.as_strided_copy.default)
+#: Variants whose result is the memory they read and nothing else, so any tensor holding that
+#: memory may stand in for their input (not ``as_strided_``, which restrides the input itself,
+#: nor ``as_strided_scatter``, whose output has the input's shape).
+_REBASABLE = _COPYABLE
 
 
-def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain, _Call]]:
+def _candidates(call: _Call, context: _GraphContext) -> Iterator[tuple[str, ViewChain, _Call]]:
     """Candidate chains, best first, each with the call to verify and emit it for (the call
-    itself, or one whose facts assume what the chain asserts); lazily computed."""
+    itself, one whose facts assume what the chain asserts, or one reading a base of the
+    input); lazily computed."""
+    index = context.index
     sym = call.symbolic
     if sym is not None:
         for method, found in _symbolic_candidates(call, sym, index):
@@ -467,6 +512,14 @@ def _candidates(call: _Call, index: ViewIndex) -> Iterator[tuple[str, ViewChain,
     chain = synthesize(source, target)
     if chain is not None:
         yield "synthesized", chain, call
+    if call.op not in _REBASABLE:
+        return
+    for holder, geometry in exposing_bases(
+        call.source, lambda n: context.layout_mutation(call.node, n)
+    ):
+        relative = index.lookup(geometry, target) or synthesize(geometry, target)
+        if relative is not None:
+            yield "rebased", relative, call.rebased(holder, geometry)
 
 
 def _symbolic_candidates(

@@ -73,6 +73,7 @@ from .graph_edits import (
 )
 from .op_tables import AS_STRIDED_OPS
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
+from .source_lines import source_line
 from .torch_internals import (
     embedding_bag,
     embedding_bag_forward_only,
@@ -115,9 +116,9 @@ LAYOUT_KERNELS: dict[Any, str] = {
 #: Views that fail when they merge dims the layout does not let them merge.
 _MERGING_VIEWS = (aten.view.default, unsafe_view)
 #: Nodes that bake strides (and an offset) relative to their input's traced layout.
-_BAKED_STRIDES = (reshape_alias, *AS_STRIDED_OPS)
+BAKED_STRIDES = (reshape_alias, *AS_STRIDED_OPS)
 #: Layout-bound nodes vmap gets wrong whatever the layout (torch 2.13): pinning cannot help.
-_VMAP_REFUSES = {
+VMAP_REFUSES = {
     aten.as_strided_.default: "vmap has no rule for in-place as_strided_ and its fallback "
     "leaves the batched tensor's sizes as they were: wrong under vmap on any layout",
     aten.as_strided_scatter.default: "as_strided_scatter has no batching rule: vmap refuses it",
@@ -140,7 +141,7 @@ _BATCH_FIRST_ALLOCATIONS = {
     aten.new_empty_strided.default,
 }
 #: In-place ops that replace a tensor's storage: the layout of its memory is not followed.
-_STORAGE_RESETS = {
+STORAGE_RESETS = {
     aten.set_.source_Tensor,
     aten.set_.source_Storage,
     aten.set_.source_Storage_storage_offset,
@@ -162,7 +163,7 @@ def layout_dependence(node: torch.fx.Node) -> str | None:
         return None
     if node.target in LAYOUT_KERNELS:
         return f"a kernel that assumes its inputs' layout ({LAYOUT_KERNELS[node.target]})"
-    if node.target in _BAKED_STRIDES:
+    if node.target in BAKED_STRIDES:
         return "bakes strides relative to its input's traced layout"
     if node.target is aten.view_as_complex.default:
         return "needs a last dim of stride 1"
@@ -272,8 +273,8 @@ def _plan_node(
     """Plan pins for the origins of ``node``'s memory: its record, and the origins to pin."""
     before = describe_call(node.target, node.args)
     source = node.args[0]
-    if node.target in _VMAP_REFUSES:
-        return _kept(node, before, f"{why}; {_VMAP_REFUSES[node.target]}"), []
+    if node.target in VMAP_REFUSES:
+        return _kept(node, before, f"{why}; {VMAP_REFUSES[node.target]}"), []
     if not isinstance(source, torch.fx.Node):
         return _kept(node, before, f"{why}; its input is not a graph value"), []
     reason = _unfollowable(analysis.ancestry(source))
@@ -296,11 +297,25 @@ def _plan_node(
 
 
 def _kept(node: torch.fx.Node, before: str, reason: str) -> Record:
-    return Record(node.name, before, "", "kept", reason, kind=RecordKind.LAYOUT_BOUND)
+    return _layout_record(node, before, "", "kept", reason)
 
 
 def _pinned(node: torch.fx.Node, before: str, after: str, reason: str) -> Record:
-    return Record(node.name, before, after, "pinned", reason, kind=RecordKind.LAYOUT_BOUND)
+    return _layout_record(node, before, after, "pinned", reason)
+
+
+def _layout_record(
+    node: torch.fx.Node, before: str, after: str, method: str, reason: str
+) -> Record:
+    return Record(
+        node.name,
+        before,
+        after,
+        method,
+        reason,
+        kind=RecordKind.LAYOUT_BOUND,
+        source=source_line(node),
+    )
 
 
 def _rebase_onto_buffer(node: torch.fx.Node, buffer: torch.fx.Node) -> bool:
@@ -339,7 +354,7 @@ def _unfollowable(ancestry: list[torch.fx.Node]) -> str | None:
     for node in ancestry:
         if is_opaque(node):
             return f"its memory passes through the opaque call {node.name!r}"
-        if node.target in _STORAGE_RESETS:
+        if node.target in STORAGE_RESETS:
             return f"its storage is replaced in place at {node.name!r}"
         if node.op in ("placeholder", "get_attr"):
             return (

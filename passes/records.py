@@ -34,6 +34,7 @@ METHODS = (
     "synthesized",
     "identity",
     "scatter",
+    "rebased",
     "reshape",
     "pinned",
     "reclone",
@@ -63,6 +64,9 @@ class RecordKind(enum.Enum):
 class Record:
     """What happened to one node: its description before and after, the method, and why.
 
+    ``source`` is the user's source line that made the node (``file:line, in function``),
+    where the trace recorded one (see ``source_lines.py``).
+
     Example::
 
         Record(node="as_strided", before="as_strided(clone_1, [6], [1], 0)",
@@ -76,6 +80,7 @@ class Record:
     method: str
     reason: str
     kind: RecordKind = field(kw_only=True)
+    source: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

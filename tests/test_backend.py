@@ -7,6 +7,7 @@ produced some) and, for a few cases, inner Inductor (slow on CPU, so kept to a m
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -197,8 +198,9 @@ def test_inner_inductor_matches_eager(name):
 
 
 def unsafe_window(x):
-    """Reads past the end of ``x[:2]``: no view op of ``x[:2]`` can express it."""
-    return x[:2].as_strided((4,), (1,)) * 2
+    """Reads past the end of ``x[:2]``: no view op of ``x[:2]`` can express it, and a same-dtype
+    view.dtype hides x from the engine (through plain views it is read from x instead)."""
+    return x[:2].view(x.dtype).as_strided((4,), (1,)) * 2  # LINE: unsafe_window
 
 
 def test_unsafe_as_strided_is_left_to_inner_compiler():
@@ -213,7 +215,12 @@ def test_strict_option_raises_on_unsafe_as_strided():
     compiled = torch.compile(unsafe_window, backend="fxviews", options={"strict": True})
     with pytest.raises(BackendCompilerFailed) as info:
         compiled(torch.randn(4))
-    assert isinstance(info.value.inner_exception, fxviews.UnsafeAsStridedError)
+    error = info.value.inner_exception
+    assert isinstance(error, fxviews.UnsafeAsStridedError)
+    # Dynamo records each node's stack: the error names the user's line.
+    lines, start = inspect.getsourcelines(unsafe_window)
+    line = start + next(i for i, text in enumerate(lines) if "LINE: unsafe_window" in text)
+    assert f"test_backend.py:{line}" in str(error)
 
 
 # --- where PyTorch's AOT lowering fails ---------------------------------------------------------

@@ -212,9 +212,10 @@ def _cast(x: torch.Tensor, y: torch.Tensor) -> Any:
 
 def _as_strided_before(x: torch.Tensor, y: torch.Tensor) -> Any:
     base = x.clone()
-    # Reads the whole buffer through its first row: no view chain can, the engine keeps it
-    # (and the pinning step has it read the pinned buffer itself).
-    whole = base[0].as_strided((2, 6), (6, 1), 0)
+    # Reads the whole buffer through its first row, behind a same-dtype view.dtype the engine
+    # reads no base through: it keeps the node (through plain views it would read the clone
+    # itself, tests/test_kept_nodes.py), and the pinning step has it read the pinned buffer.
+    whole = base[0].view(base.dtype).as_strided((2, 6), (6, 1), 0)
     base.copy_(y)
     return whole, base
 

@@ -26,10 +26,10 @@ from fxviews.printouts import (
 )
 
 
-def windows_and_outside(x):
+def windows_and_outside(x, head):
     # One as_strided the engine synthesizes (sliding windows), one it must keep: it reads
-    # element 4, past the end of the slice it is applied to.
-    return x.as_strided((4, 3), (1, 1)) * 1, x[:4].as_strided((3,), (2,), 0) * 1
+    # element 4, past the end of its input, the 4-element head of a longer buffer.
+    return x.as_strided((4, 3), (1, 1)) * 1, head.as_strided((3,), (2,), 0) * 1
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def seed_result():
 
 @pytest.fixture(scope="module")
 def mixed_result():
-    return fxviews.explain(windows_and_outside, torch.randn(8))
+    return fxviews.explain(windows_and_outside, torch.randn(8), torch.randn(8)[:4])
 
 
 def fake_result(records, *, code_before="def forward(self):\n    return ()", seconds=0.0021):

@@ -254,7 +254,10 @@ def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
     lowering = _CURRENT_LOWERING.get()
     if lowering is not None:
         lowering.reached_engine = True
-    report_rewrite(rewrite_in_place(gm, strict=strict), source=f"backend, {_graph_name(kind)}")
+    # No run-time guards: the graph goes on to the inner compiler, and Dynamo traces vmap
+    # itself, so it never runs on batched tensors.
+    result = rewrite_in_place(gm, strict=strict, guard_kept=False)
+    report_rewrite(result, source=f"backend, {_graph_name(kind)}")
 
 
 def _graph_name(kind: str) -> str:
