@@ -294,6 +294,16 @@ def dtensor_sharding_propagator() -> Any:
     return DTensor._op_dispatcher.sharding_propagator
 
 
+def aot_alias_regeneration_modules() -> tuple[Any, ...]:
+    """The modules through which AOTAutograd's runtime wrappers call ``gen_alias_from_base``
+    (2.13: defined in functional_utils, imported by name into runtime_wrappers), which remakes
+    a compiled graph's outputs that alias its inputs with ``base.as_strided(size, stride,
+    out.storage_offset())``, or with the view's own function where it has one."""
+    from torch._functorch._aot_autograd import functional_utils, runtime_wrappers
+
+    return functional_utils, runtime_wrappers
+
+
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
 _ON_USE: dict[str, tuple[str, str]] = {
     # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
@@ -419,6 +429,7 @@ BOUND_NAMES = (
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",
+    "aot_alias_regeneration_modules",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]
