@@ -495,6 +495,80 @@ def mesh_2d_checks() -> dict[str, str]:
     return found
 
 
+# --------------------------------------------------------------------------------------------
+# Training: FSDP2 + tensor parallel on a 2 x 2 (dp, tp) mesh, attention over Longformer chunks
+
+
+class ChunkedAttention(torch.nn.Module):
+    """Attention within overlapping chunks of the sequence (Longformer's cut: a view, then
+    x.as_strided), projections without bias so tensor parallel shards them by output dim."""
+
+    def __init__(self, hidden: int = 8, window: int = 2) -> None:
+        super().__init__()
+        self.window = window
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k = torch.nn.Linear(hidden, hidden, bias=False)
+        self.v = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (longformer_chunks(p(x), self.window) for p in (self.q, self.k, self.v))
+        probs = torch.einsum("bcwh,bcuh->bcwu", q, k).softmax(-1)
+        return torch.einsum("bcwu,bcuh->bcwh", probs, v)
+
+
+def sgd_step(model: torch.nn.Module, loss: torch.Tensor, lr: float = 0.1) -> None:
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+
+
+def training_checks() -> dict[str, Any]:
+    """One SGD step of ChunkedAttention under ColwiseParallel(use_local_output=False) on the
+    tp mesh and fully_shard on the dp mesh, each dp rank on its own batch, after register();
+    against one process stepping on the mean of both batches' losses: the loss, and each
+    updated parameter (full_tensor()) with its placements."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    reference = ChunkedAttention()
+    model = ChunkedAttention()
+    model.load_state_dict(reference.state_dict())
+    batches = torch.randn(2, 2, 16, 8)  # a batch of 2 sequences of 16 per dp rank
+    plan = {name: ColwiseParallel(use_local_output=False) for name in ("q", "k", "v")}
+    parallelize_module(model, mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    dp = mesh["dp"].get_local_rank()
+    fxviews.dtensor.register()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # FSDP2: "returned a view tensor" (no in-place use)
+            loss = (model(batches[dp]) ** 2).mean()
+            sgd_step(model, loss)
+    finally:
+        fxviews.dtensor.unregister()
+    losses = torch.zeros(2)
+    losses[dp] = loss.full_tensor().detach()
+    dist.all_reduce(losses)  # each dp rank's loss, once per tp rank
+    reference_loss = sum((reference(batch) ** 2).mean() for batch in batches) / 2
+    sgd_step(reference, reference_loss)
+    return {
+        "loss": (float(losses.sum() / 4), float(reference_loss)),
+        "parameters": {
+            name: (str(p.placements), torch.allclose(p.full_tensor(), r, atol=1e-6))
+            for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True)
+        },
+    }
+
+
 def case_modes(case: Case) -> Sequence[Mode]:
     return case.modes
 

@@ -32,7 +32,7 @@ def world_2():
 
 @pytest.fixture(scope="module")
 def world_4():
-    extra = (("mesh_2d", battery.mesh_2d_checks),)
+    extra = (("mesh_2d", battery.mesh_2d_checks), ("training", battery.training_checks))
     return battery.in_world(4, battery.WorldJob(battery.eager_only, extra))
 
 
@@ -203,3 +203,15 @@ def test_the_dims_a_step_reindexes(op, args, shape, dims):
         "unsqueeze": torch.ops.aten.unsqueeze.default,
     }[op]
     assert reindexed_dims(ViewStep(overload, args), shape) == dims
+
+
+def test_fsdp2_and_tensor_parallel_training_step_equals_one_process(world_4):
+    """FSDP2 on dp and ColwiseParallel on tp of a 2 x 2 mesh, attention over Longformer chunks
+    (view + x.as_strided): one SGD step's loss and updated parameters equal one process's."""
+    training = world_4["training"]
+    loss, reference_loss = training["loss"]
+    assert loss == pytest.approx(reference_loss, rel=1e-5)
+    assert set(training["parameters"]) == {"q.weight", "k.weight", "v.weight"}
+    for placements, equal in training["parameters"].values():
+        assert equal
+        assert "Replicate" not in placements  # sharded on both mesh dims, as FSDP2 + TP leave them
