@@ -45,7 +45,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -194,7 +194,7 @@ def _refuse_local_coordinates(x: DTensor, offset: Any) -> None:
     written for the plain tensor's storage cannot be told from one computed from the local
     shard's), and any request from a caller that sends the local shard's offset with global
     sizes (AOTAutograd's alias regeneration in a graph compiled before register())."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code in _local_coordinate_callers:
             raise FxViewsError(
@@ -255,13 +255,14 @@ def _dtensor_alias(base: DTensor, target: torch.Tensor, requires_grad: bool) -> 
     lies in a buffer of its own, as eagerly), ``target`` is what eager DTensor returns, and is
     returned when no gradient must flow to ``base``; else this raises.
     """
-    local = target._local_tensor if isinstance(target, DTensor) else None
+    out: torch.Tensor
     if (
-        local is not None
+        isinstance(target, DTensor)
         and target.device_mesh == base.device_mesh
-        and local.dtype == base.dtype
-        and local.untyped_storage().data_ptr() == base._local_tensor.untyped_storage().data_ptr()
+        and target.dtype == base.dtype
+        and _same_storage(target._local_tensor, base._local_tensor)
     ):
+        local = target._local_tensor
         shard = base.to_local().as_strided(local.size(), local.stride(), local.storage_offset())
         out = DTensor.from_local(
             shard,
@@ -286,6 +287,10 @@ def _dtensor_alias(base: DTensor, target: torch.Tensor, requires_grad: bool) -> 
     if requires_grad and not out.requires_grad:
         out.requires_grad_(True)
     return out
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Geometry) -> DTensor:
@@ -415,7 +420,8 @@ def _reindexing_strategy(
         specs = []
         for candidate in input_strategy.strategies:
             spec = candidate.output_spec
-            inputs, outputs = [], []
+            inputs: list[Any] = []
+            outputs: list[Any] = []
             for p, keep in zip(
                 spec.placements, _placements_kept(spec, ndim, needs_whole), strict=True
             ):
