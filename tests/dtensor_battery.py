@@ -525,48 +525,68 @@ def sgd_step(model: torch.nn.Module, loss: torch.Tensor, lr: float = 0.1) -> Non
 
 def training_checks() -> dict[str, Any]:
     """One SGD step of ChunkedAttention under ColwiseParallel(use_local_output=False) on the
-    tp mesh and fully_shard on the dp mesh, each dp rank on its own batch, after register();
-    against one process stepping on the mean of both batches' losses: the loss, and each
-    updated parameter (full_tensor()) with its placements."""
-    import warnings
-
+    tp mesh and fully_shard on the dp mesh, each dp rank on its own batch, after register(),
+    eagerly and compiled (aot_eager); against one process stepping on the mean of both
+    batches' losses: per mode, the loss and each updated parameter (full_tensor() equal,
+    placements)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    reference = ChunkedAttention()
+    state = {name: p.detach().clone() for name, p in reference.state_dict().items()}
+    batches = torch.randn(2, 2, 16, 8)  # a batch of 2 sequences of 16 per dp rank
+    reference_loss = sum((reference(batch) ** 2).mean() for batch in batches) / 2
+    sgd_step(reference, reference_loss)
+    found: dict[str, Any] = {"reference_loss": float(reference_loss)}
+    for compiled in (False, True):
+        model, loss = _parallel_step(mesh, state, batches, compiled)
+        losses = torch.zeros(2)
+        losses[mesh["dp"].get_local_rank()] = loss
+        dist.all_reduce(losses)  # each dp rank's loss, once per tp rank
+        found["compiled" if compiled else "eager"] = {
+            "loss": float(losses.sum() / 4),
+            "parameters": {
+                name: (str(p.placements), torch.allclose(p.full_tensor(), r, atol=1e-6))
+                for (name, p), r in zip(
+                    model.named_parameters(), reference.parameters(), strict=True
+                )
+            },
+        }
+    return found
+
+
+def _parallel_step(
+    mesh: Any, state: dict[str, torch.Tensor], batches: torch.Tensor, compiled: bool
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A ChunkedAttention from ``state`` under FSDP2 + TP after one SGD step on this dp rank's
+    batch, and this rank's loss."""
+    import warnings
+
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     import fxviews
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)
-    reference = ChunkedAttention()
     model = ChunkedAttention()
-    model.load_state_dict(reference.state_dict())
-    batches = torch.randn(2, 2, 16, 8)  # a batch of 2 sequences of 16 per dp rank
+    model.load_state_dict(state)
     plan = {name: ColwiseParallel(use_local_output=False) for name in ("q", "k", "v")}
     parallelize_module(model, mesh["tp"], plan)
     fully_shard(model, mesh=mesh["dp"])
-    dp = mesh["dp"].get_local_rank()
+    run = model
+    if compiled:
+        torch._dynamo.reset()
+        run = torch.compile(model, backend="aot_eager")
     fxviews.dtensor.register()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # FSDP2: "returned a view tensor" (no in-place use)
-            loss = (model(batches[dp]) ** 2).mean()
+            loss = (run(batches[mesh["dp"].get_local_rank()]) ** 2).mean()
             sgd_step(model, loss)
     finally:
         fxviews.dtensor.unregister()
-    losses = torch.zeros(2)
-    losses[dp] = loss.full_tensor().detach()
-    dist.all_reduce(losses)  # each dp rank's loss, once per tp rank
-    reference_loss = sum((reference(batch) ** 2).mean() for batch in batches) / 2
-    sgd_step(reference, reference_loss)
-    return {
-        "loss": (float(losses.sum() / 4), float(reference_loss)),
-        "parameters": {
-            name: (str(p.placements), torch.allclose(p.full_tensor(), r, atol=1e-6))
-            for (name, p), r in zip(model.named_parameters(), reference.parameters(), strict=True)
-        },
-    }
+    return model, loss.full_tensor().detach()
 
 
 def case_modes(case: Case) -> Sequence[Mode]:
