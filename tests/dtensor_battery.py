@@ -297,11 +297,8 @@ def registration_checks() -> dict[str, Any]:
         for _ in range(2):
             row_windows(x)  # crosses the sharded dim: one message for both calls
         column_windows(x)  # leaves it alone: none
-    try:
-        x.as_strided((8, 8), (7, 1))
-        refusal = ("", "")
-    except Exception as err:  # its type and text are what the parent checks
-        refusal = (type(err).__name__, str(err))
+    refusal = raised(lambda: x.as_strided((8, 8), (7, 1)))
+    offsets = offset_checks(mesh)
     fxviews.dtensor.unregister()
     fxviews.dtensor.unregister()
     after = tables()
@@ -316,6 +313,38 @@ def registration_checks() -> dict[str, Any]:
         "errors_after": pytorch_errors(x),
         "log": log,
         "refusal": refusal,
+        "offsets": offsets,
+    }
+
+
+def raised(call: Callable[[], Any]) -> tuple[str, str]:
+    """The type and text of what ``call()`` raises; ("", "") where it returns."""
+    try:
+        call()
+    except Exception as err:  # its type and text are what the parent checks
+        return type(err).__name__, str(err)
+    return "", ""
+
+
+def offset_checks(mesh: Any) -> dict[str, Any]:
+    """Offsets on a view of a Shard(1) DTensor, which reports its local shard's offset: the
+    reported offset itself is answered (values checked), another one refused; and PyTorch's
+    as_strided backward reached through torch.ops.aten.as_strided is refused."""
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.manual_seed(0)
+    whole = torch.randn(8, 6)
+    view = distribute_tensor(whole, mesh, placements_of("S1"))[1:]
+    same = view.as_strided((6, 6), (6, 1), view.storage_offset())
+    x = distribute_tensor(whole, mesh, placements_of("S1")).requires_grad_()
+    # rows 1..7: no overlap, so PyTorch's backward scatters through as_strided (with overlap it
+    # fails first, on index_add_ of a plain index into a DTensor)
+    rows = torch.ops.aten.as_strided.default(x, (7, 6), (6, 1), 6)
+    return {
+        "reported": view.storage_offset(),
+        "same offset right": torch.equal(same.full_tensor(), whole[1:7]),
+        "other offset": raised(lambda: view.as_strided((6, 6), (6, 1), 12)),
+        "aten backward": raised(lambda: rows.sum().backward()),
     }
 
 

@@ -104,6 +104,19 @@ def test_a_request_outside_the_tensor_is_refused_naming_its_geometry(world_2):
     assert "does not expose" in message
 
 
+def test_an_offset_other_than_a_views_reported_one_is_refused(world_2):
+    offsets = world_2["checks"]["offsets"]
+    assert offsets["reported"] == 3  # x[1:] of (8, 6) on Shard(1), 2 ranks: one local row of 3
+    assert offsets["same offset right"]
+    kind, message = offsets["other offset"]
+    assert kind == "FxViewsError" and "ambiguous" in message and "reports offset 3" in message
+
+
+def test_pytorchs_as_strided_backward_on_a_dtensor_is_refused(world_2):
+    kind, message = world_2["checks"]["offsets"]["aten backward"]
+    assert "as_strided backward cannot run on a DTensor" in message, (kind, message)
+
+
 def test_crossing_the_sharded_dim_is_said_once(world_2):
     log = world_2["checks"]["log"]
     assert len(log) == 1, log
