@@ -7,26 +7,38 @@ request is the tensor's own geometry, and has no sharding strategy for ``aten.un
 :func:`register`:
 
 1. DTensor's handler for ``aten.as_strided`` is fxviews': the request is read on the *global*
-   tensor's geometry (``x.shape``, ``x.stride()``, ``x.storage_offset()``, what DTensor reports
-   and the caller computed its arguments from), and the engine's proven chain of view ops for
-   it (:func:`fxviews.passes.runtime_views.proven_chain`) is applied to the DTensor op by op,
-   so DTensor propagates the sharding through each view as it does for the user's own views;
-2. before each step, the dims that step re-indexes (a ``select``/``slice``/``unfold`` dim, the
-   two dims of a ``diagonal``, the dims a ``view`` merges or splits, the dims an ``expand``
-   grows) are made whole where they are sharded: only those mesh dims go from ``Shard(d)`` to
-   ``Replicate()``, the other placements stay, and the ``fxviews`` logger says so once per
-   request and placement. A chain that leaves the sharded dim alone moves no data;
+   tensor's geometry (``x.shape``, ``x.stride()``, what DTensor reports and the caller computed
+   its arguments from; the offset relative to ``x.storage_offset()``, which DTensor reports for
+   the *local* shard, so an explicit offset other than a nonzero reported one is refused as
+   ambiguous), and the engine's proven chain of view ops for it
+   (:func:`fxviews.passes.runtime_views.proven_chain`) is applied to the DTensor op by op, so
+   DTensor propagates the sharding through each view as it does for the user's own views;
+2. before each step, placements the step cannot keep are made ``Replicate()`` on their mesh
+   dim, the others stay, and the ``fxviews`` logger says so once per request and placement.
+   Kept are ``Replicate()``, a plain ``Partial`` and a plain ``Shard(d)`` of a dim the step
+   leaves whole (not a ``select``/``slice``/``unfold`` dim, the two dims of a ``diagonal``, the
+   dims a ``view`` merges or splits, the dims an ``expand`` grows); never a ``_StridedShard``
+   (``is_shard()`` is False for it on torch 2.13), shards nested out of the default order, or a
+   placement type these rules do not know. A chain that leaves the sharded dim alone moves no
+   data;
 3. sharding strategies for the views the chains use where DTensor has none or an all-gathering
-   one: ``unfold`` (the window dim must be whole; the others keep their placements) and
-   ``diagonal`` (its two dims must be whole; DTensor's own replicates every dim), and for their
-   backwards, so gradients flow through :func:`fxviews.as_strided` called on a DTensor (the
-   handler of step 1 runs below autograd, which records ``x.as_strided`` itself: its backward
-   is PyTorch's, which DTensor cannot run).
+   one: ``unfold`` (the window dim must be whole; the others keep their placements, by the
+   rule of step 2) and ``diagonal`` (its two dims must be whole; DTensor's own replicates
+   every dim), and for their backwards;
+4. ``DTensor.as_strided`` (the method user code calls) applies the same chain *above*
+   autograd, so its gradient is the chain's own; PyTorch's ``as_strided`` backward (it writes
+   the gradient through an ``as_strided`` view of a buffer, which a redistributing chain would
+   not alias) is refused where it reaches the handler;
+5. AOTAutograd's ``gen_alias_from_base``, which remakes a compiled graph's outputs that alias
+   an input with ``base.as_strided(global sizes, global strides, local shard's offset)``,
+   answers DTensor bases itself (:func:`_dtensor_alias`); the handler refuses requests from
+   PyTorch's own copy, kept by graphs compiled before :func:`register`.
 
 Under ``torch.compile`` DTensor's ops are traced through the same handler table and strategy
 functions (on fake local tensors), so the compiled graph holds the chain's local views and the
-redistributions of step 2. Symbolic sizes are read as ints there (a guard): the chain is proven
-for the sizes at hand, and other sizes recompile.
+redistributions of step 2; the method of step 4 enters Dynamo's graph as one call
+(``allow_in_graph``), which AOTAutograd runs on DTensors. Symbolic sizes are read as ints there
+(a guard): the chain is proven for the sizes at hand, and other sizes recompile.
 
 :func:`unregister` puts back exactly what :func:`register` replaced; both are idempotent.
 
