@@ -54,10 +54,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from types import CodeType, FrameType
+from types import CodeType
 from typing import Any
 
 import torch
@@ -106,7 +105,7 @@ def register() -> None:
             original = module.gen_alias_from_base
             _local_coordinate_callers.add(original.__code__)
             _set_attribute(module, "gen_alias_from_base", _alias_regeneration(original))
-        _set_attribute(DTensor, "as_strided", torch._dynamo.allow_in_graph(_as_strided_method))
+        _set_attribute(DTensor, "as_strided", torch.compiler.allow_in_graph(_as_strided_method))
         internals.clear_sharding_prop_cache()
 
 
@@ -160,7 +159,7 @@ def _as_strided_handler(
 ) -> DTensor:
     """DTensor's handler for ``aten.as_strided`` (below autograd): the proven chain."""
     x, size, stride, *rest = args
-    node = torch._C._current_autograd_node()
+    node = internals.current_autograd_node()
     if node is not None and type(node).__name__.startswith("AsStridedBackward"):
         # PyTorch's as_strided backward scatters the gradient into a buffer through a view of
         # it, which a redistributing chain would not alias: it would lose the gradient.
@@ -206,17 +205,15 @@ def _refuse_local_coordinates(x: DTensor, offset: Any) -> None:
     written for the plain tensor's storage cannot be told from one computed from the local
     shard's), and any request from a caller that sends the local shard's offset with global
     sizes (AOTAutograd's alias regeneration in a graph compiled before register())."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code in _local_coordinate_callers:
+    for code in internals.calling_code():
+        if code in _local_coordinate_callers:
             raise FxViewsError(
-                f"fxviews.dtensor: {frame.f_code.co_name} asks a DTensor of shape "
+                f"fxviews.dtensor: {code.co_name} asks a DTensor of shape "
                 f"{list(x.shape)} placed {x.placements} for an as_strided view at its local "
                 "shard's storage offset, which does not say which global view it is: this graph "
                 "was compiled before fxviews.dtensor.register(); call torch._dynamo.reset() "
                 "after register() so that it is compiled again"
             )
-        frame = frame.f_back
     if offset is None or torch.compiler.is_compiling() and not isinstance(offset, int):
         return
     own = x.storage_offset()
@@ -272,9 +269,9 @@ def _dtensor_alias(base: DTensor, target: torch.Tensor, requires_grad: bool) -> 
         isinstance(target, DTensor)
         and target.device_mesh == base.device_mesh
         and target.dtype == base.dtype
-        and _same_storage(target._local_tensor, base._local_tensor)
+        and _same_storage(target.to_local(), base.to_local())
     ):
-        local = target._local_tensor
+        local = target.to_local()
         shard = base.to_local().as_strided(local.size(), local.stride(), local.storage_offset())
         out = DTensor.from_local(
             shard,
@@ -308,7 +305,7 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Geometry) -> DTensor:
     """``x`` with every placement ``step`` cannot keep made ``Replicate()``, the others kept."""
     dims = reindexed_dims(step, tuple(int(s) for s in x.shape))
-    keeps = _placements_kept(x._spec, x.ndim, dims)
+    keeps = _placements_kept(internals.dtensor_spec(x), x.ndim, dims)
     placements = tuple(
         p if keep else Replicate() for p, keep in zip(x.placements, keeps, strict=True)
     )
