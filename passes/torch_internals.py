@@ -21,6 +21,8 @@ Example::
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -300,6 +302,37 @@ def dtensor_sharding_propagator() -> Any:
     return DTensor._op_dispatcher.sharding_propagator
 
 
+def dtensor_spec(x: Any) -> Any:
+    """A DTensor's ``DTensorSpec`` (``_spec``, 2.4): its placements, mesh and, from 2.13 on,
+    the order in which mesh dims shard one tensor dim (``shard_order``)."""
+    return x._spec
+
+
+def current_autograd_node() -> Any:
+    """The autograd node whose backward is running on this thread, or None
+    (``torch._C._current_autograd_node``, 1.13)."""
+    return torch._C._current_autograd_node()
+
+
+def calling_code() -> Iterator[Any]:
+    """The code objects of the frames on the stack, from the one iterating this generator
+    outwards (``sys._getframe``, CPython)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        yield frame.f_code
+        frame = frame.f_back
+
+
+def aot_alias_regeneration_modules() -> tuple[Any, ...]:
+    """The modules through which AOTAutograd's runtime wrappers call ``gen_alias_from_base``
+    (2.13: defined in functional_utils, imported by name into runtime_wrappers), which remakes
+    a compiled graph's outputs that alias its inputs with ``base.as_strided(size, stride,
+    out.storage_offset())``, or with the view's own function where it has one."""
+    from torch._functorch._aot_autograd import functional_utils, runtime_wrappers
+
+    return functional_utils, runtime_wrappers
+
+
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
 _ON_USE: dict[str, tuple[str, str]] = {
     # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
@@ -426,6 +459,10 @@ BOUND_NAMES = (
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",
+    "aot_alias_regeneration_modules",
+    "dtensor_spec",
+    "current_autograd_node",
+    "calling_code",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

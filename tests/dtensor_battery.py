@@ -297,11 +297,8 @@ def registration_checks() -> dict[str, Any]:
         for _ in range(2):
             row_windows(x)  # crosses the sharded dim: one message for both calls
         column_windows(x)  # leaves it alone: none
-    try:
-        x.as_strided((8, 8), (7, 1))
-        refusal = ("", "")
-    except Exception as err:  # its type and text are what the parent checks
-        refusal = (type(err).__name__, str(err))
+    refusal = raised(lambda: x.as_strided((8, 8), (7, 1)))
+    offsets = offset_checks(mesh)
     fxviews.dtensor.unregister()
     fxviews.dtensor.unregister()
     after = tables()
@@ -316,6 +313,38 @@ def registration_checks() -> dict[str, Any]:
         "errors_after": pytorch_errors(x),
         "log": log,
         "refusal": refusal,
+        "offsets": offsets,
+    }
+
+
+def raised(call: Callable[[], Any]) -> tuple[str, str]:
+    """The type and text of what ``call()`` raises; ("", "") where it returns."""
+    try:
+        call()
+    except Exception as err:  # its type and text are what the parent checks
+        return type(err).__name__, str(err)
+    return "", ""
+
+
+def offset_checks(mesh: Any) -> dict[str, Any]:
+    """Offsets on a view of a Shard(1) DTensor, which reports its local shard's offset: the
+    reported offset itself is answered (values checked), another one refused; and PyTorch's
+    as_strided backward reached through torch.ops.aten.as_strided is refused."""
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.manual_seed(0)
+    whole = torch.randn(8, 6)
+    view = distribute_tensor(whole, mesh, placements_of("S1"))[1:]
+    same = view.as_strided((6, 6), (6, 1), view.storage_offset())
+    x = distribute_tensor(whole, mesh, placements_of("S1")).requires_grad_()
+    # rows 1..7: no overlap, so PyTorch's backward scatters through as_strided (with overlap it
+    # fails first, on index_add_ of a plain index into a DTensor)
+    rows = torch.ops.aten.as_strided.default(x, (7, 6), (6, 1), 6)
+    return {
+        "reported": view.storage_offset(),
+        "same offset right": torch.equal(same.full_tensor(), whole[1:7]),
+        "other offset": raised(lambda: view.as_strided((6, 6), (6, 1), 12)),
+        "aten backward": raised(lambda: rows.sum().backward()),
     }
 
 
@@ -326,9 +355,14 @@ GRADIENT_CASES = (
 )
 
 
+def _method_as_strided(x: torch.Tensor, *request: Any) -> torch.Tensor:
+    return x.as_strided(*request)
+
+
 def gradient_checks() -> list[tuple[str, str, str, bool]]:
-    """Gradients through fxviews.as_strided on a DTensor against torch.as_strided's on the
-    whole (contiguous) tensor: (case, input placement, output placement, grads equal)."""
+    """Gradients through fxviews.as_strided, and through x.as_strided itself, on a DTensor
+    against torch.as_strided's on the whole (contiguous) tensor: (case, input placement,
+    output placement, grads equal); the case's name ends in " x.as_strided" for the latter."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
@@ -344,12 +378,244 @@ def gradient_checks() -> list[tuple[str, str, str, bool]]:
         reference.grad = None
         (torch.as_strided(reference, *request) ** 2).sum().backward()
         for placement in placements:
-            x = distribute_tensor(whole, mesh, placements_of(placement)).requires_grad_()
-            out = fxviews.as_strided(x, *request)
-            (out**2).sum().backward()
-            grads_equal = torch.allclose(x.grad.full_tensor(), reference.grad)
-            found.append((name, placement, describe(out.placements), grads_equal))
+            for how, call in (("", fxviews.as_strided), (" x.as_strided", _method_as_strided)):
+                x = distribute_tensor(whole, mesh, placements_of(placement)).requires_grad_()
+                out = call(x, *request)
+                (out**2).sum().backward()
+                grads_equal = torch.allclose(x.grad.full_tensor(), reference.grad)
+                found.append((name + how, placement, describe(out.placements), grads_equal))
     return found
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled outputs that alias a DTensor input: AOTAutograd remakes them at run time through
+# gen_alias_from_base, which asks for base.as_strided(global sizes, global strides, the local
+# shard's offset). Each case: values and, where the input requires grad, gradients of
+# (out ** 2).sum() against the function on the whole tensor.
+
+ALIAS_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "x[1:]": lambda x: x[1:],
+    "x[1]": lambda x: x[1],
+    "x[:, 2:]": lambda x: x[:, 2:],
+    "x.as_strided shift": lambda x: x.as_strided(
+        (x.shape[0] - 1, x.shape[1]), x.stride(), x.stride(0)
+    ),
+    "x.as_strided windows": lambda x: x.as_strided(
+        (x.shape[0] - 1, 2, x.shape[1]), (x.stride(0), x.stride(0), x.stride(1))
+    ),
+}
+
+
+def differential(fn: Callable[[Any], Any], whole: torch.Tensor, x: Any, grad: bool) -> str:
+    """ "right" where ``fn(x)`` (and, with ``grad``, the gradient of the sum of its squares)
+    equals ``fn(whole)``'s; "wrong ..." where not; the error's type and first line where it
+    raises."""
+    try:
+        out = fn(x)
+        values = torch.equal(out.full_tensor(), fn(whole))
+        grads = True
+        if grad:
+            (out**2).sum().backward()
+            reference = whole.clone().requires_grad_()
+            (fn(reference) ** 2).sum().backward()
+            grads = torch.allclose(x.grad.full_tensor(), reference.grad)
+    except Exception as err:  # the parent asserts which cases raise, and what
+        return f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+    return "right" if values and grads else f"wrong (values {values}, gradients {grads})"
+
+
+def compiled_alias_checks() -> dict[str, Any]:
+    """Every ALIAS_FUNCTIONS entry compiled (aot_eager) after register() on S0, S1 and R, with
+    and without gradients; and a graph compiled before register(), called after it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    whole = torch.randn(8, 6)
+    found = {}
+    before = torch.compile(ALIAS_FUNCTIONS["x[1:]"], backend="aot_eager", fullgraph=True)
+    torch._dynamo.reset()
+    x = distribute_tensor(whole, mesh, placements_of("S1"))
+    found["compiled before register, unregistered"] = differential(before, whole, x, False)
+    fxviews.dtensor.register()
+    try:
+        found["compiled before register, registered"] = differential(before, whole, x, False)
+        for name, fn in ALIAS_FUNCTIONS.items():
+            for placement in ("S0", "S1", "R"):
+                for grad in (False, True):
+                    torch._dynamo.reset()
+                    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+                    x = distribute_tensor(whole, mesh, placements_of(placement))
+                    key = f"{name} {placement}{' grad' if grad else ''}"
+                    found[key] = differential(compiled, whole, x.requires_grad_(grad), grad)
+    finally:
+        fxviews.dtensor.unregister()
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# 2-D meshes (a world of 4: a 2 x 2 mesh), every placement pair over the input's dims, and
+# strided shards: DTensor makes a sharded dim that a reshape flattens _StridedShard.
+
+
+def reshaped_diagonal(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(8, 8).diagonal() * 2
+
+
+def reshaped_unfold(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(8, 8).unfold(0, 2, 1) * 2
+
+
+def reshaped_windows(x: torch.Tensor) -> torch.Tensor:
+    return row_windows(x.reshape(8, 8))
+
+
+def reshaped_as_strided_diagonal(x: torch.Tensor) -> torch.Tensor:
+    return diagonal_of_matrix(x.reshape(8, 8))
+
+
+def view_then_offset_row(x: torch.Tensor) -> torch.Tensor:
+    """A view, then the rows after the first through an offset (the view is at offset 0)."""
+    return rows_after_the_first(x.view(8, 8))
+
+
+MESH_2D_FUNCTIONS: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (
+    reshaped_diagonal,
+    reshaped_unfold,
+    reshaped_windows,
+    reshaped_as_strided_diagonal,
+    view_then_offset_row,
+    lambda x: row_windows(x.flatten(0, 1)),
+    lambda x: column_windows(x.flatten(0, 1)),
+    lambda x: unfold_columns(x.flatten(0, 1)),
+    lambda x: x.diagonal(0, 1, 2) * 2,
+    lambda x: batched_diagonal(x[:, :4, :4]),
+    lambda x: longformer_chunks(x, 1),
+)
+#: Every pair of placements of a 2 x 2 mesh over a 3-D input.
+MESH_2D_PLACEMENTS = tuple((a, b) for a in ("R", "S0", "S1", "S2") for b in ("R", "S0", "S1", "S2"))
+
+
+def mesh_2d_checks() -> dict[str, str]:
+    """Each MESH_2D_FUNCTIONS entry on a (2, 4, 8) input placed each MESH_2D_PLACEMENTS pair on
+    a 2 x 2 mesh, eagerly, after register(): values, and gradients of x.as_strided chains."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    import fxviews
+
+    mesh = init_device_mesh("cpu", (2, 2))
+    torch.manual_seed(0)
+    whole = torch.randn(2, 4, 8)
+    found = {}
+    fxviews.dtensor.register()
+    try:
+        for i, fn in enumerate(MESH_2D_FUNCTIONS):
+            for pair in MESH_2D_PLACEMENTS:
+                placements = tuple(placements_of(p)[0] for p in pair)
+                x = distribute_tensor(whole, mesh, placements).requires_grad_()
+                found[f"{i} {pair}"] = differential(fn, whole, x, True)
+    finally:
+        fxviews.dtensor.unregister()
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Training: FSDP2 + tensor parallel on a 2 x 2 (dp, tp) mesh, attention over Longformer chunks
+
+
+class ChunkedAttention(torch.nn.Module):
+    """Attention within overlapping chunks of the sequence (Longformer's cut: a view, then
+    x.as_strided), projections without bias so tensor parallel shards them by output dim."""
+
+    def __init__(self, hidden: int = 8, window: int = 2) -> None:
+        super().__init__()
+        self.window = window
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k = torch.nn.Linear(hidden, hidden, bias=False)
+        self.v = torch.nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (longformer_chunks(p(x), self.window) for p in (self.q, self.k, self.v))
+        probs = torch.einsum("bcwh,bcuh->bcwu", q, k).softmax(-1)
+        return torch.einsum("bcwu,bcuh->bcwh", probs, v)
+
+
+def sgd_step(model: torch.nn.Module, loss: torch.Tensor, lr: float = 0.1) -> None:
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+
+
+def training_checks() -> dict[str, Any]:
+    """One SGD step of ChunkedAttention under ColwiseParallel(use_local_output=False) on the
+    tp mesh and fully_shard on the dp mesh, each dp rank on its own batch, after register(),
+    eagerly and compiled (aot_eager); against one process stepping on the mean of both
+    batches' losses: per mode, the loss and each updated parameter (full_tensor() equal,
+    placements)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    reference = ChunkedAttention()
+    state = {name: p.detach().clone() for name, p in reference.state_dict().items()}
+    batches = torch.randn(2, 2, 16, 8)  # a batch of 2 sequences of 16 per dp rank
+    reference_loss = sum((reference(batch) ** 2).mean() for batch in batches) / 2
+    sgd_step(reference, reference_loss)
+    found: dict[str, Any] = {"reference_loss": float(reference_loss)}
+    for compiled in (False, True):
+        model, loss = _parallel_step(mesh, state, batches, compiled)
+        losses = torch.zeros(2)
+        losses[mesh["dp"].get_local_rank()] = loss
+        dist.all_reduce(losses)  # each dp rank's loss, once per tp rank
+        found["compiled" if compiled else "eager"] = {
+            "loss": float(losses.sum() / 4),
+            "parameters": {
+                name: (str(p.placements), torch.allclose(p.full_tensor(), r, atol=1e-6))
+                for (name, p), r in zip(
+                    model.named_parameters(), reference.parameters(), strict=True
+                )
+            },
+        }
+    return found
+
+
+def _parallel_step(
+    mesh: Any, state: dict[str, torch.Tensor], batches: torch.Tensor, compiled: bool
+) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A ChunkedAttention from ``state`` under FSDP2 + TP after one SGD step on this dp rank's
+    batch, and this rank's loss."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    import fxviews
+
+    model = ChunkedAttention()
+    model.load_state_dict(state)
+    plan = {name: ColwiseParallel(use_local_output=False) for name in ("q", "k", "v")}
+    parallelize_module(model, mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    run = model
+    if compiled:
+        torch._dynamo.reset()
+        run = torch.compile(model, backend="aot_eager")
+    fxviews.dtensor.register()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # FSDP2: "returned a view tensor" (no in-place use)
+            loss = (run(batches[mesh["dp"].get_local_rank()]) ** 2).mean()
+            sgd_step(model, loss)
+    finally:
+        fxviews.dtensor.unregister()
+    return model, loss.full_tensor().detach()
 
 
 def case_modes(case: Case) -> Sequence[Mode]:
@@ -365,6 +631,8 @@ class WorldJob:
     """What a test world runs: the registration checks, then the battery in ``modes_of``."""
 
     modes_of: Callable[[Case], Sequence[Mode]]
+    #: More checks, each (name, a module-level function); their results go under that name.
+    extra: tuple[tuple[str, Callable[[], Any]], ...] = ()
 
     def __call__(self) -> dict[str, Any]:
         import fxviews
@@ -376,7 +644,12 @@ class WorldJob:
             gradients = gradient_checks()
         finally:
             fxviews.dtensor.unregister()
-        return {"checks": checks, "outcomes": outcomes, "gradients": gradients}
+        return {
+            "checks": checks,
+            "outcomes": outcomes,
+            "gradients": gradients,
+            **{name: check() for name, check in self.extra},
+        }
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,26 +7,38 @@ request is the tensor's own geometry, and has no sharding strategy for ``aten.un
 :func:`register`:
 
 1. DTensor's handler for ``aten.as_strided`` is fxviews': the request is read on the *global*
-   tensor's geometry (``x.shape``, ``x.stride()``, ``x.storage_offset()``, what DTensor reports
-   and the caller computed its arguments from), and the engine's proven chain of view ops for
-   it (:func:`fxviews.passes.runtime_views.proven_chain`) is applied to the DTensor op by op,
-   so DTensor propagates the sharding through each view as it does for the user's own views;
-2. before each step, the dims that step re-indexes (a ``select``/``slice``/``unfold`` dim, the
-   two dims of a ``diagonal``, the dims a ``view`` merges or splits, the dims an ``expand``
-   grows) are made whole where they are sharded: only those mesh dims go from ``Shard(d)`` to
-   ``Replicate()``, the other placements stay, and the ``fxviews`` logger says so once per
-   request and placement. A chain that leaves the sharded dim alone moves no data;
+   tensor's geometry (``x.shape``, ``x.stride()``, what DTensor reports and the caller computed
+   its arguments from; the offset relative to ``x.storage_offset()``, which DTensor reports for
+   the *local* shard, so an explicit offset other than a nonzero reported one is refused as
+   ambiguous), and the engine's proven chain of view ops for it
+   (:func:`fxviews.passes.runtime_views.proven_chain`) is applied to the DTensor op by op, so
+   DTensor propagates the sharding through each view as it does for the user's own views;
+2. before each step, placements the step cannot keep are made ``Replicate()`` on their mesh
+   dim, the others stay, and the ``fxviews`` logger says so once per request and placement.
+   Kept are ``Replicate()``, a plain ``Partial`` and a plain ``Shard(d)`` of a dim the step
+   leaves whole (not a ``select``/``slice``/``unfold`` dim, the two dims of a ``diagonal``, the
+   dims a ``view`` merges or splits, the dims an ``expand`` grows); never a ``_StridedShard``
+   (``is_shard()`` is False for it on torch 2.13), shards nested out of the default order, or a
+   placement type these rules do not know. A chain that leaves the sharded dim alone moves no
+   data;
 3. sharding strategies for the views the chains use where DTensor has none or an all-gathering
-   one: ``unfold`` (the window dim must be whole; the others keep their placements) and
-   ``diagonal`` (its two dims must be whole; DTensor's own replicates every dim), and for their
-   backwards, so gradients flow through :func:`fxviews.as_strided` called on a DTensor (the
-   handler of step 1 runs below autograd, which records ``x.as_strided`` itself: its backward
-   is PyTorch's, which DTensor cannot run).
+   one: ``unfold`` (the window dim must be whole; the others keep their placements, by the
+   rule of step 2) and ``diagonal`` (its two dims must be whole; DTensor's own replicates
+   every dim), and for their backwards;
+4. ``DTensor.as_strided`` (the method user code calls) applies the same chain *above*
+   autograd, so its gradient is the chain's own; PyTorch's ``as_strided`` backward (it writes
+   the gradient through an ``as_strided`` view of a buffer, which a redistributing chain would
+   not alias) is refused where it reaches the handler;
+5. AOTAutograd's ``gen_alias_from_base``, which remakes a compiled graph's outputs that alias
+   an input with ``base.as_strided(global sizes, global strides, local shard's offset)``,
+   answers DTensor bases itself (:func:`_dtensor_alias`); the handler refuses requests from
+   PyTorch's own copy, kept by graphs compiled before :func:`register`.
 
 Under ``torch.compile`` DTensor's ops are traced through the same handler table and strategy
 functions (on fake local tensors), so the compiled graph holds the chain's local views and the
-redistributions of step 2. Symbolic sizes are read as ints there (a guard): the chain is proven
-for the sizes at hand, and other sizes recompile.
+redistributions of step 2; the method of step 4 enters Dynamo's graph as one call
+(``allow_in_graph``), which AOTAutograd runs on DTensors. Symbolic sizes are read as ints there
+(a guard): the chain is proven for the sizes at hand, and other sizes recompile.
 
 :func:`unregister` puts back exactly what :func:`register` replaced; both are idempotent.
 
@@ -40,26 +52,32 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from types import CodeType
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.chain import ViewStep
+from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry import Geometry
 from fxviews.passes.runtime_views import proven_chain, requested_geometry
 
 aten = torch.ops.aten
 logger = logging.getLogger("fxviews")
 
-#: What register() replaced, to be put back by unregister(): (table, op, previous entry or
-#: _ABSENT). Empty while unregistered.
-_replaced: list[tuple[dict[Any, Any], Any, Any]] = []
+#: How to put back each thing register() replaced, in order. Empty while unregistered.
+_undo: list[Callable[[], None]] = []
 _ABSENT = object()
+#: Code of the callers that send ``as_strided`` requests in a DTensor's *local* coordinates
+#: (AOTAutograd's gen_alias_from_base: the offset of a compiled output's local shard), found on
+#: the stack when a graph compiled before register() still calls them.
+_local_coordinate_callers: set[CodeType] = set()
 _lock = threading.Lock()
 #: Redistribution messages already logged (each is logged once per process).
 _said: set[str] = set()
@@ -68,7 +86,7 @@ _said: set[str] = set()
 def register() -> None:
     """Make DTensor answer ``as_strided`` by fxviews' view chains (see the Note). Idempotent."""
     with _lock:
-        if _replaced:
+        if _undo:
             return
         propagator = internals.dtensor_sharding_propagator()
         schema_info = internals.RuntimeSchemaInfo(1)  # dims, sizes and steps key the cache
@@ -83,42 +101,91 @@ def register() -> None:
                 _withdraw(single_dim, op)
         for op in _SHAPE_ARGUMENTS:
             _replace(propagator.op_to_shape_and_stride_idx, op, 1)
+        for module in internals.aot_alias_regeneration_modules():
+            original = module.gen_alias_from_base
+            _local_coordinate_callers.add(original.__code__)
+            _set_attribute(module, "gen_alias_from_base", _alias_regeneration(original))
+        _set_attribute(DTensor, "as_strided", torch.compiler.allow_in_graph(_as_strided_method))
         internals.clear_sharding_prop_cache()
 
 
 def unregister() -> None:
     """Restore PyTorch's own DTensor behaviour exactly. Idempotent."""
     with _lock:
-        while _replaced:
-            table, op, previous = _replaced.pop()
-            if previous is _ABSENT:
-                del table[op]
-            else:
-                table[op] = previous
+        while _undo:
+            _undo.pop()()
         internals.clear_sharding_prop_cache()
 
 
 def is_registered() -> bool:
     """Whether :func:`register` is in effect."""
-    return bool(_replaced)
+    return bool(_undo)
 
 
 def _replace(table: dict[Any, Any], op: Any, value: Any) -> None:
-    _replaced.append((table, op, table.get(op, _ABSENT)))
+    _undo.append(functools.partial(_put_back, table, op, table.get(op, _ABSENT)))
     table[op] = value
 
 
 def _withdraw(table: dict[Any, Any], op: Any) -> None:
     """Remove ``op`` from ``table`` until :func:`unregister` puts it back."""
-    _replaced.append((table, op, table.pop(op)))
+    _undo.append(functools.partial(_put_back, table, op, table.pop(op)))
+
+
+def _put_back(table: dict[Any, Any], key: Any, previous: Any) -> None:
+    if previous is _ABSENT:
+        del table[key]
+    else:
+        table[key] = previous
+
+
+def _set_attribute(owner: Any, name: str, value: Any) -> None:
+    """``setattr(owner, name, value)`` until :func:`unregister` restores the attribute (or its
+    absence from ``owner`` itself, where it was inherited)."""
+    previous = vars(owner).get(name, _ABSENT)
+    _undo.append(functools.partial(_restore_attribute, owner, name, previous))
+    setattr(owner, name, value)
+
+
+def _restore_attribute(owner: Any, name: str, previous: Any) -> None:
+    if previous is _ABSENT:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, previous)
 
 
 def _as_strided_handler(
     op: internals.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> DTensor:
-    """DTensor's handler for ``aten.as_strided``: the proven chain, step by step."""
+    """DTensor's handler for ``aten.as_strided`` (below autograd): the proven chain."""
     x, size, stride, *rest = args
-    offset = rest[0] if rest else kwargs.get("storage_offset")
+    node = internals.current_autograd_node()
+    if node is not None and type(node).__name__.startswith("AsStridedBackward"):
+        # PyTorch's as_strided backward scatters the gradient into a buffer through a view of
+        # it, which a redistributing chain would not alias: it would lose the gradient.
+        raise FxViewsError(
+            "fxviews.dtensor: PyTorch's as_strided backward cannot run on a DTensor (it writes "
+            "the gradient through an as_strided view of a buffer); call x.as_strided eagerly or "
+            "under torch.compile after fxviews.dtensor.register(), where its gradient is the "
+            "chain's own, or use fxviews.as_strided(x, ...)"
+        )
+    return _viewed(x, size, stride, rest[0] if rest else kwargs.get("storage_offset"))
+
+
+def _as_strided_method(
+    self: DTensor, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
+) -> DTensor:
+    """``DTensor.as_strided`` while registered: the chain applied above autograd, so a gradient
+    flows back through the chain's own ops (PyTorch's ``as_strided`` backward scatters into a
+    plain index buffer, which DTensor cannot mix with a DTensor). register() lets it into
+    Dynamo's graphs as one call, which AOTAutograd then runs on DTensors: the chain there too."""
+    return _viewed(self, size, stride, storage_offset)
+
+
+def _viewed(x: DTensor, size: Sequence[Any], stride: Sequence[Any], offset: Any) -> DTensor:
+    """``x.as_strided(size, stride, offset)`` read on ``x``'s global geometry (see the Note):
+    the proven chain, step by step, each made on dims it may re-index."""
+    _refuse_local_coordinates(x, offset)
     source, target = requested_geometry(x, size, stride, offset)
     out = x
     for step in proven_chain(source, target):
@@ -127,11 +194,120 @@ def _as_strided_handler(
     return out
 
 
+def _refuse_local_coordinates(x: DTensor, offset: Any) -> None:
+    """Raise where ``offset`` may be in coordinates other than those the handler reads.
+
+    A DTensor reports its global sizes and strides but its local shard's ``storage_offset()``.
+    The handler reads an offset relative to that (``offset - x.storage_offset()``, in global
+    strides), which is right for user code (it can only have computed the offset from what
+    the DTensor reports) while the DTensor reports 0, and for ``offset == x.storage_offset()``.
+    Two requests are refused: an offset that differs from a nonzero reported one (an offset
+    written for the plain tensor's storage cannot be told from one computed from the local
+    shard's), and any request from a caller that sends the local shard's offset with global
+    sizes (AOTAutograd's alias regeneration in a graph compiled before register())."""
+    for code in internals.calling_code():
+        if code in _local_coordinate_callers:
+            raise FxViewsError(
+                f"fxviews.dtensor: {code.co_name} asks a DTensor of shape "
+                f"{list(x.shape)} placed {x.placements} for an as_strided view at its local "
+                "shard's storage offset, which does not say which global view it is: this graph "
+                "was compiled before fxviews.dtensor.register(); call torch._dynamo.reset() "
+                "after register() so that it is compiled again"
+            )
+    if offset is None or torch.compiler.is_compiling() and not isinstance(offset, int):
+        return
+    own = x.storage_offset()
+    if own != 0 and offset != own:
+        raise FxViewsError(
+            f"fxviews.dtensor: as_strided at storage offset {offset} on a DTensor of shape "
+            f"{list(x.shape)} placed {x.placements} that reports offset {own}, its local "
+            "shard's: an offset other than the reported one is ambiguous on a view of a "
+            "DTensor; make the request on the tensor the view was taken from, or give no offset"
+        )
+
+
+def _alias_regeneration(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """AOTAutograd's ``gen_alias_from_base``, answering DTensor bases itself (see
+    :func:`_dtensor_alias`) and passing every other base to ``original``."""
+
+    @functools.wraps(original)
+    def gen_alias_from_base(
+        aliased_base_tensor: torch.Tensor,
+        target_meta_tensor: torch.Tensor,
+        target_requires_grad: bool,
+        target_view_meta_sequence: Any = None,
+        *,
+        replay_views: bool,
+    ) -> torch.Tensor:
+        if isinstance(aliased_base_tensor, DTensor):
+            return _dtensor_alias(aliased_base_tensor, target_meta_tensor, target_requires_grad)
+        return original(
+            aliased_base_tensor,
+            target_meta_tensor,
+            target_requires_grad,
+            target_view_meta_sequence,
+            replay_views=replay_views,
+        )
+
+    return gen_alias_from_base
+
+
+def _dtensor_alias(base: DTensor, target: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """The output ``target`` of a compiled graph, remade as an alias of its input ``base``.
+
+    AOTAutograd remakes such outputs at run time with ``base.as_strided(target.size(),
+    target.stride(), target.storage_offset())``: global sizes and strides with the *local*
+    shard's offset, which do not name one global view. The compiled graph computed
+    ``target``'s local shard itself, so where that shard lies in ``base``'s local storage it is
+    remade exactly there (``as_strided`` of the plain local tensor, between ``to_local`` and
+    ``from_local``, which carry gradients). Where DTensor redistributed on the way (the shard
+    lies in a buffer of its own, as eagerly), ``target`` is what eager DTensor returns, and is
+    returned when no gradient must flow to ``base``; else this raises.
+    """
+    out: torch.Tensor
+    if (
+        isinstance(target, DTensor)
+        and target.device_mesh == base.device_mesh
+        and target.dtype == base.dtype
+        and _same_storage(target.to_local(), base.to_local())
+    ):
+        local = target.to_local()
+        shard = base.to_local().as_strided(local.size(), local.stride(), local.storage_offset())
+        out = DTensor.from_local(
+            shard,
+            base.device_mesh,
+            target.placements,
+            run_check=False,
+            shape=target.shape,
+            stride=target.stride(),
+        )
+    elif not (base.requires_grad and requires_grad):
+        out = target.detach()
+    else:
+        raise FxViewsError(
+            "fxviews.dtensor: a compiled graph returns a view of its DTensor input "
+            f"(shape {list(base.shape)} placed {base.placements}) that DTensor computed from a "
+            "redistributed copy, and gradients must flow through it to the input: return it "
+            "from outside the compiled function, or return a copy (.clone())"
+        )
+    # requires_grad as AOTAutograd sets it on the outputs it remakes
+    if base.requires_grad and not requires_grad:
+        return out.detach()
+    if requires_grad and not out.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
 def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Geometry) -> DTensor:
-    """``x`` with the dims ``step`` re-indexes unsharded, every other placement kept."""
+    """``x`` with every placement ``step`` cannot keep made ``Replicate()``, the others kept."""
     dims = reindexed_dims(step, tuple(int(s) for s in x.shape))
+    keeps = _placements_kept(internals.dtensor_spec(x), x.ndim, dims)
     placements = tuple(
-        Replicate() if p.is_shard() and _shard_dim(p, x.ndim) in dims else p for p in x.placements
+        p if keep else Replicate() for p, keep in zip(x.placements, keeps, strict=True)
     )
     if placements == tuple(x.placements):
         return x
@@ -146,8 +322,31 @@ def _whole_where_reindexed(x: DTensor, step: ViewStep, target: Geometry) -> DTen
     return x.redistribute(x.device_mesh, placements)
 
 
-def _shard_dim(placement: Any, ndim: int) -> int:
-    return placement.dim % ndim
+def _placements_kept(spec: Any, ndim: int, reindexed: set[int]) -> tuple[bool, ...]:
+    """Per mesh dim, whether a view that re-indexes the tensor dims ``reindexed`` (and keeps
+    every other dim whole, possibly moved) can keep the placement of ``spec`` on it.
+
+    Kept: ``Replicate()``, a plain ``Partial`` (a view is linear and moves elements whole) and
+    a plain ``Shard`` of a dim the view leaves alone. Everything else is made whole first: a
+    ``Shard`` of a re-indexed dim; a ``_StridedShard`` (what DTensor makes of a sharded dim
+    that a reshape flattened; its ``is_shard()`` is False on torch 2.13 and its layout is not
+    one these rules move); dims sharded on several mesh dims in an order other than the
+    default one; and any placement type these rules do not know.
+    """
+    out_of_order = _has_out_of_order_shards(spec)
+    return tuple(
+        p.is_replicate()
+        or type(p) is Partial
+        or (type(p) is Shard and not out_of_order and p.dim % ndim not in reindexed)
+        for p in spec.placements
+    )
+
+
+def _has_out_of_order_shards(spec: Any) -> bool:
+    """Whether a tensor dim is sharded over mesh dims in an order other than left to right
+    (torch 2.13's ``DTensorSpec.shard_order``; releases without it have only that order)."""
+    order = getattr(spec, "shard_order", None)
+    return order is not None and order != type(spec).compute_default_shard_order(spec.placements)
 
 
 def reindexed_dims(step: ViewStep, shape: Sequence[int]) -> set[int]:
@@ -220,7 +419,8 @@ def _reindexing_strategy(
     """A strategy for an op that re-indexes its input (a view, or a view's backward): the dims
     in ``whole(args, ndim)`` must be unsharded (Replicate on their mesh dims); a ``Shard(d)`` on
     another dim becomes ``Shard(moved(d, args, ndim))``; ``Replicate`` and ``Partial`` pass
-    through (these ops are linear). One OpSpec per input spec."""
+    through (these ops are linear); anything else is made whole (see _placements_kept). One
+    OpSpec per input spec."""
 
     def strategy(op_schema: Any) -> Any:
         input_strategy, *args = op_schema.args_schema
@@ -229,17 +429,20 @@ def _reindexing_strategy(
         specs = []
         for candidate in input_strategy.strategies:
             spec = candidate.output_spec
-            inputs, outputs = [], []
-            for p in spec.placements:
-                if not p.is_shard():
-                    inputs.append(p)
-                    outputs.append(p)
-                elif type(p) is Shard and _shard_dim(p, ndim) not in needs_whole:
-                    inputs.append(p)
-                    outputs.append(Shard(moved(_shard_dim(p, ndim), tuple(args), ndim)))
-                else:  # re-indexed, or a strided shard whose layout this rule does not track
+            inputs: list[Any] = []
+            outputs: list[Any] = []
+            for p, keep in zip(
+                spec.placements, _placements_kept(spec, ndim, needs_whole), strict=True
+            ):
+                if not keep:
                     inputs.append(Replicate())
                     outputs.append(Replicate())
+                elif type(p) is Shard:
+                    inputs.append(p)
+                    outputs.append(Shard(moved(p.dim % ndim, tuple(args), ndim)))
+                else:
+                    inputs.append(p)
+                    outputs.append(p)
             input_spec = internals.DTensorSpec(spec.mesh, tuple(inputs), spec.tensor_meta)
             specs.append(
                 internals.OpSpec(
