@@ -196,7 +196,7 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def uninitialized_lazy_modules(modules: Any) -> list[torch.nn.Module]:
+def uninitialized_lazy_modules(modules: Any) -> list[Any]:
     """The lazy modules (``nn.LazyLinear``, ...) among ``modules`` whose parameters do not exist
     yet: their first call creates them, so only a later call can be traced.
 
@@ -206,4 +206,8 @@ def uninitialized_lazy_modules(modules: Any) -> list[torch.nn.Module]:
         [LazyLinear(in_features=0, out_features=3, bias=True)]
     """
     lazy = torch.nn.modules.lazy.LazyModuleMixin
-    return [m for m in modules if isinstance(m, lazy) and m.has_uninitialized_params()]
+    return [
+        module
+        for module in modules
+        if isinstance(module, lazy) and module.has_uninitialized_params()  # type: ignore[misc]
+    ]

@@ -349,7 +349,7 @@ class _GraphCache:
 
     def _get(self, key: Any) -> _Entry | None:
         """The entry of ``key`` whose guard passes now, moved first in its list."""
-        traced = self.entries.get(key, ())
+        traced = self.entries.get(key, [])
         for position, entry in enumerate(traced):
             if entry.guard.check():
                 if position:
