@@ -275,7 +275,7 @@ def capture(
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
                 guard = _TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=True)
                 gm = _traced_under_guard(
-                    lambda f: make_fx(f, tracing_mode="fake")(*fake_args), call, guard
+                    lambda f: _make_fx(f, "fake")(*fake_args), call, guard
                 )
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
@@ -321,6 +321,17 @@ def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.
     values = exact_fake_mode(allow_non_fake_inputs=True)
     with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
         return _traced_under_guard(lambda f: record(f, real_args, values), call, guard)
+
+
+def _make_fx(fn: Callable[..., Any], tracing_mode: str) -> Callable[..., torch.fx.GraphModule]:
+    """make_fx with ``detach`` kept as ``detach``.
+
+    Graphs fxviews traces run again under autograd (``grad``, ``vjp`` around a transformed
+    function), where ``detach`` is a gradient cut. Since torch 2.15 make_fx rewrites ``detach``
+    to ``alias`` unless it is given a decomposition table, even an empty one: the graph would
+    pass gradients the function stopped.
+    """
+    return make_fx(fn, decomposition_table={}, tracing_mode=tracing_mode)
 
 
 def exact_fake_mode(**options: Any) -> FakeTensorMode:
@@ -562,7 +573,7 @@ def _capture_real(
     try:
         with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
             gm = _traced_under_guard(
-                lambda f: make_fx(f, tracing_mode="real")(*real_args), call, guard
+                lambda f: _make_fx(f, "real")(*real_args), call, guard
             )
     except _DataDependentOp as err:
         raise TracingError(

@@ -21,9 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
-import sys
 from types import FrameType
 
 import torch.fx
@@ -45,7 +45,7 @@ def note_user_frames(node: torch.fx.Node) -> None:
     one of :data:`NOTED_OPS` and it has none yet."""
     if node.target not in NOTED_OPS or "stack_trace" in node.meta:
         return
-    frames = user_frames(sys._getframe(1))
+    frames = user_frames(inspect.currentframe())
     if frames:
         node.meta["stack_trace"] = "".join(
             f'  File "{file}", line {line}, in {name}\n' for file, line, name in frames

@@ -332,3 +332,19 @@ def test_every_trace_records_exact_layouts_not_cached_ones():
         gm = fxviews.trace(scatter_row, x, s)
         (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.select_scatter.default]
         assert node.meta["val"].storage_offset() == expected
+
+
+def test_a_traced_graph_keeps_detach_as_a_gradient_cut():
+    """The graph runs again under autograd (grad around a transformed function): its detach must
+    stop gradients as eager's does (make_fx turns it into alias by default since torch 2.15)."""
+
+    def f(x):
+        return (x.detach() * x).sum()
+
+    x = torch.randn(4)
+    gm = fxviews.trace(f, x)
+    assert torch.ops.aten.detach.default in [n.target for n in gm.graph.nodes]
+    torch.testing.assert_close(torch.func.grad(gm)(x), torch.func.grad(f)(x))
+    # transform's fake-mode path (the .item() sends it there) keeps it as well.
+    g = fxviews.transform(lambda x: f(x) * (x.abs().max().item() > -1))
+    torch.testing.assert_close(torch.func.grad(g)(x), torch.func.grad(f)(x))
