@@ -32,6 +32,7 @@ from tests.strided_programs import (  # noqa: E402
     ConvLinear,
     InputWindows,
     LongformerScores,
+    NhwcPatches,
     OffsetWindows,
     PushJvp,
     SlicedWindow,
@@ -223,3 +224,17 @@ def test_missing_executorch_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "executorch.exir", None)
     with pytest.raises(ImportError, match=r"fxviews\[executorch\]"):
         fxviews.executorch.to_edge(_exported("sliced_window"))
+
+
+def test_own_unfold_is_copied_for_to_edge_when_asked():
+    """A patch embedding's own unfold: to_edge refuses it (not core ATen) unless copied."""
+    module, shapes = built(NhwcPatches), ((1, 3, 8, 8),)
+    ep = torch.export.export(module, sample(shapes, 0))
+    with pytest.raises(Exception, match="unfold.default is not in Core ATen"):
+        fxviews.executorch.to_edge(ep)
+    pte = fxviews.executorch.to_edge(ep, copy_unfolds=True).to_executorch().buffer
+    method = runtime.Runtime.get().load_program(pte).load_method("forward")
+    for seed in (1, 2):
+        args = sample(shapes, seed)
+        [got] = method.execute(list(args))
+        torch.testing.assert_close(got, module(*args), rtol=1e-4, atol=1e-4)
