@@ -149,6 +149,7 @@ class Runtime:
     in an opset without ``unfold``, the model's own ``unfold`` is copied too (opt in)."""
 
     name: str
+    package: str  # imported first: a runtime absent skips before any export
     convert: Callable[[torch.export.ExportedProgram], Runner]
     opset: str
 
@@ -158,13 +159,13 @@ class Runtime:
 
 
 RUNTIMES = [
-    Runtime("openvino", _openvino, "aten"),
-    Runtime("iree", _iree, "aten"),
+    Runtime("openvino", "openvino", _openvino, "aten"),
+    Runtime("iree", "iree.turbine.aot", _iree, "aten"),
     # TVM Relax and LiteRT lower no unfold: windows become copies (slices joined by cat).
-    Runtime("tvm", _tvm, "core_aten"),
-    Runtime("litert", _litert, "core_aten"),
+    Runtime("tvm", "tvm.relax", _tvm, "core_aten"),
+    Runtime("litert", "litert_torch", _litert, "core_aten"),
     # torchax decomposes to core ATen before it translates.
-    Runtime("jax", _jax, "core_aten"),
+    Runtime("jax", "torchax.export", _jax, "core_aten"),
 ]
 
 
@@ -208,6 +209,7 @@ PLAIN: dict[str, dict[str, Outcome]] = {
 
 def _outcome(runtime: Runtime, program: Program, rewritten: bool) -> tuple[Outcome, str]:
     """What the runtime does with the program (plain or rewritten) on two inputs, and why."""
+    _imported(runtime.package)
     ep = _export(program)
     if rewritten:
         rewritten_ep = fxviews.rewrite(ep, opset=runtime.opset, copy_unfolds=runtime.copy_unfolds)
