@@ -24,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import fxviews
+from fxviews.bench.mlir_as_strided import compile_for_iree
 from tests.strided_programs import (
     ConvLinear,
     InputWindows,
@@ -97,20 +98,7 @@ def _openvino(ep: torch.export.ExportedProgram) -> Runner:
 
 
 def _iree(ep: torch.export.ExportedProgram) -> Runner:
-    aot = _imported("iree.turbine.aot")
-    rt = _imported("iree.runtime")
-    vmfb = aot.export(ep).compile(save_to=None, target_backends="llvm-cpu")
-    config = rt.Config("local-task")
-    context = rt.SystemContext(config=config)
-    context.add_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb.map_memory()))
-    main = context.modules.module["main"]
-
-    def run(args: tuple[torch.Tensor, ...]) -> Tensors:
-        results = main(*[a.numpy() for a in args])
-        results = results if isinstance(results, (list, tuple)) else [results]
-        return _tensors([r.to_host() for r in results])
-
-    return run
+    return compile_for_iree(ep)[1]  # the bench's comparison with torch-mlir runs it too
 
 
 def _tvm(ep: torch.export.ExportedProgram) -> Runner:
@@ -256,3 +244,16 @@ def test_plain_program_as_measured(runtime, program):
     """The plain program is right, silently wrong, or refused, as ``PLAIN`` says."""
     expected = PLAIN[runtime.name].get(program.name, RIGHT)
     _assert_outcome(_outcome(runtime, program, rewritten=False), expected)
+
+
+def test_torch_mlir_comparison_measures_both_routes():
+    """``python -m fxviews.bench.mlir_as_strided`` on its smallest program: both right in IREE,
+    torch-mlir's pass with index constants, fxviews with none."""
+    _imported("iree.turbine.aot")
+    from fxviews.bench import mlir_as_strided
+
+    program = next(p for p in mlir_as_strided.PROGRAMS if p.name == "rows of a column slice")
+    measured = mlir_as_strided.measure(program, repeats=1)
+    assert measured["torch-mlir"].right and measured["fxviews"].right, measured
+    assert "+1 index" in measured["torch-mlir"].ops and measured["torch-mlir"].constant_bytes
+    assert "index" not in measured["fxviews"].ops and measured["fxviews"].constant_bytes == 0
