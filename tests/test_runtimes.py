@@ -7,7 +7,8 @@ in each runtime is a measured fact of the installed version, asserted too (``PLA
 runtime that starts lowering ``as_strided`` right makes its row fail, and the table is updated.
 
 Each runtime is skipped when its package is absent (``fxviews[openvino]``, ``[iree]``, ``[tvm]``,
-``[litert]``, ``[jax]``), or when it is installed but cannot be imported beside this torch.
+``[litert]``; torchax and jax for JAX), or when it is installed but cannot be imported beside
+this torch (torchax 0.0.13 beside torch 2.13).
 """
 
 from __future__ import annotations
@@ -244,6 +245,17 @@ def test_plain_program_as_measured(runtime, program):
     """The plain program is right, silently wrong, or refused, as ``PLAIN`` says."""
     expected = PLAIN[runtime.name].get(program.name, RIGHT)
     _assert_outcome(_outcome(runtime, program, rewritten=False), expected)
+
+
+def test_control_reaches_the_runtimes_as_exported():
+    """No as_strided: in core ATen the program is the exported one out of the training IR; in
+    ATen the reshape step's ``view`` -> ``reshape`` (for vmap) is the only change."""
+    ep = _export(next(p for p in PROGRAMS if p.name == "control"))
+    res = fxviews.rewrite(ep, opset="core_aten", copy_unfolds=True)
+    assert not res.modified
+    assert res.exported_program.graph_module.code == ep.run_decompositions({}).graph_module.code
+    res = fxviews.rewrite(ep)
+    assert res.records == [] and [r.method for r in res.view_records] == ["reshape"]
 
 
 def test_torch_mlir_comparison_measures_both_routes():
