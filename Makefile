@@ -25,7 +25,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
-	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch,zoo]'
+	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch,zoo,openvino,iree,tvm]'
 	touch $(STAMP)
 
 # `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in

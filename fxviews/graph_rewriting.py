@@ -22,6 +22,7 @@ from fxviews.passes import (
     OverwrittenClones,
     Record,
     RecordedPassResult,
+    UnfoldCopies,
     ViewToReshape,
     drop_redundant_aliases,
     remove_dead_pure_nodes,
@@ -32,6 +33,8 @@ from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
 from fxviews.passes.vmap_guards import guard_kept_nodes
 from fxviews.printouts import debug_enabled, format_result, format_summary
+
+aten = torch.ops.aten
 
 #: ``GraphModule.meta`` key under which fxviews' tracer says how it traced the graph.
 TRACED_WITH = "fxviews_traced_with"
@@ -47,7 +50,9 @@ class RewriteResult:
     that the reshape step saw, method ``"reshape"`` or ``"kept"``; ``pin_records`` one per
     layout-bound node the pinning step saw, method ``"pinned"`` or ``"kept"``; ``clone_records``
     one per clone a ``copy_`` overwrites, method ``"reclone"`` or ``"kept"``
-    (:class:`fxviews.passes.OverwrittenClones`); ``modified`` says whether the graph changed.
+    (:class:`fxviews.passes.OverwrittenClones`); ``unfold_records`` one per ``unfold`` node
+    when the rewrite copies them (``copy_unfolds=True``), method ``"copied"`` or ``"kept"``
+    (:class:`fxviews.passes.UnfoldCopies`); ``modified`` says whether the graph changed.
     ``print(result)`` shows the graph-diff printout.
     """
 
@@ -59,6 +64,7 @@ class RewriteResult:
     view_records: list[Record] = field(default_factory=list)
     pin_records: list[Record] = field(default_factory=list)
     clone_records: list[Record] = field(default_factory=list)
+    unfold_records: list[Record] = field(default_factory=list)
     #: How the graph was traced, when fxviews traced it (``"fake mode"``, ``"recorded on a
     #: sample"`` or ``"real mode (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
@@ -77,7 +83,8 @@ class RewriteResult:
 
 @dataclass(frozen=True)
 class RewriteSteps:
-    """What a rewrite emits: the opset of its chains, and whether the layout steps run.
+    """What a rewrite emits: the opset of its chains, whether the layout steps run, and
+    whether the model's own ``unfold`` nodes become copies (for an opset without ``unfold``).
 
     ``guard_kept=True`` puts a run-time guard before each kept node that bakes strides (Note
     [Kept nodes under vmap]): for graphs fxviews runs itself, where a guard is a Python call.
@@ -96,15 +103,26 @@ class RewriteSteps:
     pin_layouts: bool = True
     tidy_untouched: bool = True
     guard_kept: bool = False
+    copy_unfolds: bool = False
 
     @classmethod
     def of(
-        cls, opset: Opset | str, reshape_views: bool | None, pin_layouts: bool | None
+        cls,
+        opset: Opset | str,
+        reshape_views: bool | None,
+        pin_layouts: bool | None,
+        copy_unfolds: bool = False,
     ) -> RewriteSteps:
         """The steps :func:`fxviews.rewrite`'s arguments ask for (None: the opset's default);
         a ValueError for a layout step asked of a core-ATen rewrite (they emit ``reshape`` and
-        ``new_*``, which core ATen lacks, and serve vmap, which edge programs never see)."""
+        ``new_*``, which core ATen lacks, and serve vmap, which edge programs never see), and
+        for copied unfolds asked of an opset that has ``unfold``."""
         opset = as_opset(opset)
+        if copy_unfolds and opset.has(aten.unfold.default):
+            raise ValueError(
+                f"copy_unfolds=True is for an opset without unfold; {opset.value!r} has it, so "
+                "the model's unfold stays a view there"
+            )
         layout_steps = opset is Opset.ATEN
         for name, asked in (("reshape_views", reshape_views), ("pin_layouts", pin_layouts)):
             if asked and not layout_steps:
@@ -116,6 +134,7 @@ class RewriteSteps:
             opset,
             layout_steps if reshape_views is None else reshape_views,
             layout_steps if pin_layouts is None else pin_layouts,
+            copy_unfolds=copy_unfolds,
         )
 
 
@@ -205,9 +224,11 @@ def _rewrite_steps(
     )(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records
+    # After the engine: an as_strided it rewrote no longer reads the unfold's memory.
+    unfolds = UnfoldCopies(recompile=False)(gm) if steps.copy_unfolds else skipped
     reshaped = ViewToReshape(recompile=False)(gm) if steps.reshape_views else skipped
     pinned = LayoutPinning(recompile=False)(gm) if steps.pin_layouts else skipped
-    modified = engine.modified or reshaped.modified or pinned.modified
+    modified = engine.modified or unfolds.modified or reshaped.modified or pinned.modified
     reclones = skipped
     if modified or steps.tidy_untouched:
         modified = remove_dead_pure_nodes(gm, recompile=False) or modified
@@ -232,6 +253,7 @@ def _rewrite_steps(
         view_records=credit_engine(reshaped.records, made),
         pin_records=credit_engine(_note_guards(pinned.records, guarded), made),
         clone_records=reclones.records,
+        unfold_records=unfolds.records,
         traced_with=gm.meta.get(TRACED_WITH),
     )
 

@@ -80,6 +80,7 @@ class Rewrite(Protocol):
     view_records: list[Record]
     pin_records: list[Record]
     clone_records: list[Record]
+    unfold_records: list[Record]
     modified: bool
     seconds: float
     traced_with: str | None
@@ -196,14 +197,21 @@ def format_diff(
 
 
 def all_records(result: Rewrite) -> list[Record]:
-    """Every record of ``result``, step by step: as_strided, views, pins, overwritten clones.
+    """Every record of ``result``, step by step: as_strided, copied unfolds, views, pins,
+    overwritten clones.
 
     Example::
 
         >>> [r.kind.value for r in all_records(fxviews.explain(push_jvp, x, y, yt))]
         ['as_strided', 'overwritten clone']
     """
-    return [*result.records, *result.view_records, *result.pin_records, *result.clone_records]
+    return [
+        *result.records,
+        *result.unfold_records,
+        *result.view_records,
+        *result.pin_records,
+        *result.clone_records,
+    ]
 
 
 def debug_enabled() -> bool:

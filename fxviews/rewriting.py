@@ -26,6 +26,7 @@ def rewrite(
     reshape_views: bool | None = None,
     pin_layouts: bool | None = None,
     opset: Opset | str = Opset.ATEN,
+    copy_unfolds: bool = False,
 ) -> RewriteResult:
     """Rewrite every provably safe ``as_strided`` of ``gm`` into view ops, on a copy.
 
@@ -40,7 +41,10 @@ def rewrite(
     op emitted is then core ATen, preferring the views edge backends lower, overlapping windows
     are copies (only in graphs that write no tensor in place), and the reshape and pinning
     steps, which serve vmap and emit ops outside core ATen, are off (``None``, the default of
-    both, means on for ``"aten"`` and off for ``"core_aten"``).
+    both, means on for ``"aten"`` and off for ``"core_aten"``). ``copy_unfolds=True``, for an
+    opset without ``unfold`` (``"core_aten"``), also writes the model's own ``unfold`` nodes as
+    copies the same way, each verified by what it reads (:class:`fxviews.passes.UnfoldCopies`;
+    records in ``result.unfold_records``), so ``to_edge`` or TVM take a patch embedding.
     Then a clone that a ``copy_`` overwrites before anything reads it becomes a clone of the
     ``copy_``'s source, and the ``copy_`` goes (:class:`fxviews.passes.OverwrittenClones`).
     A graph without tensor metadata (e.g. from ``torch.fx.symbolic_trace``) needs
@@ -54,7 +58,7 @@ def rewrite(
         >>> [r.method for r in res.records]
         ['provenance']
     """
-    steps = RewriteSteps.of(opset, reshape_views, pin_layouts)
+    steps = RewriteSteps.of(opset, reshape_views, pin_layouts, copy_unfolds)
     if isinstance(gm, torch.export.ExportedProgram):
         return rewrite_exported(gm, strict, example_inputs, steps)
     if not isinstance(gm, torch.fx.GraphModule):

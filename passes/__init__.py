@@ -4,8 +4,9 @@ This directory sits at the top of the repository; ``fxviews/passes`` is a symbol
 so it is the package ``fxviews.passes`` installed, in a source tree and for type checkers.
 :class:`Opset` names what the rewritten graph's consumer accepts (all ATen, or core ATen).
 Each pass (:class:`AsStridedToViews`, :class:`ViewToReshape`, :class:`LayoutPinning`,
-:class:`OverwrittenClones`) is a torch.fx pass returning a :class:`RecordedPassResult`: the
-graph, whether it changed, and one :class:`Record` per node it handled.
+:class:`OverwrittenClones`, :class:`UnfoldCopies`) is a torch.fx pass returning a
+:class:`RecordedPassResult`: the graph, whether it changed, and one :class:`Record` per node it
+handled.
 """
 
 from .as_strided_to_views import AsStridedToViews
@@ -17,6 +18,7 @@ from .overwritten_clones import OverwrittenClones
 from .pinning import LAYOUT_KERNELS, LayoutPinning
 from .records import METHODS, Record, RecordedPassResult, RecordingPass, RecordKind
 from .runtime_views import AsStridedRequestError, as_strided_views
+from .unfold_copies import UnfoldCopies
 from .view_to_reshape import ViewToReshape
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "RecordKind",
     "RecordedPassResult",
     "RecordingPass",
+    "UnfoldCopies",
     "UnsafeAsStridedError",
     "ViewToReshape",
     "as_strided_views",

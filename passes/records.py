@@ -2,9 +2,9 @@
 
 Every recording pass (:class:`~.as_strided_to_views.AsStridedToViews`,
 :class:`~.view_to_reshape.ViewToReshape`, :class:`~.pinning.LayoutPinning`,
-:class:`~.overwritten_clones.OverwrittenClones`) returns a :class:`RecordedPassResult`:
-torch.fx's ``PassResult`` plus one :class:`Record` per node it handled. The pass keeps no state
-between calls.
+:class:`~.overwritten_clones.OverwrittenClones`, :class:`~.unfold_copies.UnfoldCopies`) returns
+a :class:`RecordedPassResult`: torch.fx's ``PassResult`` plus one :class:`Record` per node it
+handled. The pass keeps no state between calls.
 
 Example::
 
@@ -28,7 +28,7 @@ from .torch_internals import PassBase, PassResult
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
 #: layout-bound node: its layout could not be pinned); "pinned" that a layout-bound node now
 #: gets its traced layout at run time; "reclone" that a clone overwritten by a ``copy_`` now
-#: clones the ``copy_``'s source.
+#: clones the ``copy_``'s source; "copied" that a model's own ``unfold`` is now copies.
 METHODS = (
     "provenance",
     "synthesized",
@@ -38,6 +38,7 @@ METHODS = (
     "reshape",
     "pinned",
     "reclone",
+    "copied",
     "kept",
 )
 
@@ -58,6 +59,8 @@ class RecordKind(enum.Enum):
     LAYOUT_BOUND = "layout-bound node"
     #: A ``clone`` a ``copy_`` overwrites before anything reads it: OverwrittenClones.
     OVERWRITTEN_CLONE = "overwritten clone"
+    #: A model's own ``unfold``, written as copies where the consumer lacks it: UnfoldCopies.
+    UNFOLD = "unfold"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,18 @@ class RecordingPass(PassBase):
         if not isinstance(result, RecordedPassResult):  # a subclass's call broke the contract
             raise TypeError(f"{type(self).__name__}.call must return a RecordedPassResult")
         return result
+
+    def finished(
+        self, graph_module: torch.fx.GraphModule, records: list[Record]
+    ) -> RecordedPassResult:
+        """The result of a pass that rewrote the nodes ``records`` describe: the graph is linted
+        and (if asked) recompiled where any was not kept."""
+        modified = any(r.method != "kept" for r in records)
+        if modified:
+            graph_module.graph.lint()
+            if self.recompile:
+                graph_module.recompile()
+        return RecordedPassResult(graph_module, modified, records)
 
     @abc.abstractmethod
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:

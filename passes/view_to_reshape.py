@@ -80,12 +80,7 @@ class ViewToReshape(RecordingPass):
         records = [_handle(graph, node, analysis.why_observed(node), replacer) for node in nodes]
         for replaced in replacer.finish():
             graph.erase_node(replaced)
-        modified = any(r.method == "reshape" for r in records)
-        if modified:
-            graph.lint()
-            if self.recompile:
-                graph_module.recompile()
-        return RecordedPassResult(graph_module, modified, records)
+        return self.finished(graph_module, records)
 
 
 def _is_target(node: torch.fx.Node) -> bool:

@@ -27,129 +27,26 @@ runtime = pytest.importorskip("executorch.runtime")
 xnnpack = pytest.importorskip("executorch.backends.xnnpack.partition.xnnpack_partitioner")
 
 import fxviews  # noqa: E402
-from fxviews.examples import push_jvp  # noqa: E402
+from tests.strided_programs import (  # noqa: E402
+    ColumnJvp,
+    ConvLinear,
+    InputWindows,
+    LongformerScores,
+    NhwcPatches,
+    OffsetWindows,
+    PushJvp,
+    SlicedWindow,
+    StftFeatures,
+    TransposedWindows,
+    built,
+    sample,
+)
 
 # Raised inside ExecuTorch 1.5.1 (deep copies of pytree specs, its flatbuffer serializer).
 pytestmark = [
     pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated"),
     pytest.mark.filterwarnings("ignore:read_binary is deprecated"),
 ]
-
-
-class InputWindows(torch.nn.Module):
-    """Overlapping windows of 3 over the input itself, then a Linear."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(3, 4)
-
-    def forward(self, x):
-        return self.linear(x.as_strided((6, 3), (1, 1)))
-
-
-class TransposedWindows(torch.nn.Module):
-    """The same windows over a transposed product: they walk its first column."""
-
-    def forward(self, x, w):
-        return (x @ w).t().as_strided((6, 3), (1, 1)) * 2
-
-
-class SlicedWindow(torch.nn.Module):
-    """A window on a column slice (storage offset 1, row stride 4)."""
-
-    def forward(self, x):
-        return x[:, 1:].as_strided((3, 2), (4, 1), 1) + 1
-
-
-class OffsetWindows(torch.nn.Module):
-    """Windows of 4, step 2, over an intermediate that starts at storage offset 1."""
-
-    def forward(self, x):
-        y = (x * 2)[1:]
-        return y.as_strided((3, 4), (2, 1), 1).sum(-1)
-
-
-def longformer_chunk(hidden: torch.Tensor, window: int) -> torch.Tensor:
-    """Overlapping chunks of ``2 * window`` rows, ``window`` apart (Longformer's geometry):
-    split the sequence into chunks of ``2 * window``, then halve the chunk stride."""
-    heads, length, dim = hidden.shape
-    chunks = hidden.view(heads, length // (2 * window), 2 * window, dim)
-    sizes = [heads, 2 * chunks.size(1) - 1, 2 * window, dim]
-    strides = [chunks.stride(0), chunks.stride(1) // 2, chunks.stride(2), chunks.stride(3)]
-    return chunks.as_strided(sizes, strides)
-
-
-class LongformerScores(torch.nn.Module):
-    """Sliding-chunk attention scores: queries and keys of (batch, length, heads, dim) put in a
-    (batch * heads, length, dim) head layout, chunked, multiplied chunk by chunk."""
-
-    def forward(self, query, key):
-        batch, length, heads, dim = query.shape
-
-        def heads_first(t: torch.Tensor) -> torch.Tensor:
-            return t.transpose(1, 2).reshape(batch * heads, length, dim)
-
-        q, k = (longformer_chunk(heads_first(t), 2) for t in (query, key))
-        return torch.einsum("bcxd,bcyd->bcxy", q, k)
-
-
-class StftFeatures(torch.nn.Module):
-    """Log power spectrum of one channel of a (time, channel) signal: frames taken the way
-    ``torch.stft`` takes them (strides scaled by the signal's), a Hann window, a real DFT."""
-
-    def __init__(self, n_fft: int = 8, hop: int = 2) -> None:
-        super().__init__()
-        self.n_fft, self.hop = n_fft, hop
-        k = torch.arange(n_fft // 2 + 1, dtype=torch.float32)
-        t = torch.arange(n_fft, dtype=torch.float32)
-        angle = 2 * torch.pi * t[:, None] * k[None, :] / n_fft
-        self.register_buffer("cos", torch.cos(angle))
-        self.register_buffer("sin", torch.sin(angle))
-        self.register_buffer("window", torch.hann_window(n_fft))
-
-    def forward(self, x):
-        signal = x[:, 1]
-        step = signal.stride(0)
-        count = (signal.size(0) - self.n_fft) // self.hop + 1
-        frames = signal.as_strided(
-            (count, self.n_fft), (self.hop * step, step), signal.storage_offset()
-        )
-        frames = frames * self.window
-        power = (frames @ self.cos) ** 2 + (frames @ self.sin) ** 2
-        return torch.log(power + 1e-6)
-
-
-class PushJvp(torch.nn.Module):
-    """Forward AD over an in-place write to a viewed base (the README's push_jvp)."""
-
-    def forward(self, x, y, yt):
-        return push_jvp(x, y, yt)
-
-
-def _write_over_column(x, y):
-    x = x.clone()
-    column = x[:, 1]
-    x.copy_(y)  # forward AD hands `column` its tangent through as_strided (stride 5, offset 1)
-    return column * 2, x
-
-
-class ColumnJvp(torch.nn.Module):
-    """push_jvp's pattern with a column view of the overwritten base."""
-
-    def forward(self, x, y, yt):
-        return torch.func.jvp(functools.partial(_write_over_column, x), (y,), (yt,))
-
-
-class ConvLinear(torch.nn.Module):
-    """The control: conv + linear, no as_strided anywhere."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.linear = torch.nn.Linear(36, 5)
-
-    def forward(self, x):
-        return self.linear(self.conv(x).relu().flatten(1))
 
 
 @dataclass(frozen=True)
@@ -178,14 +75,11 @@ WITH_AS_STRIDED = [p for p in PROGRAMS if p.name != "control"]
 
 
 def _inputs(program: Program, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(shape, generator=gen) for shape in program.shapes)
+    return sample(program.shapes, seed)
 
 
-@functools.cache
 def _module(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)  # the modules' parameters
-    return next(p for p in PROGRAMS if p.name == name).make().eval()
+    return built(next(p for p in PROGRAMS if p.name == name).make)
 
 
 @functools.cache
@@ -330,3 +224,17 @@ def test_missing_executorch_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "executorch.exir", None)
     with pytest.raises(ImportError, match=r"fxviews\[executorch\]"):
         fxviews.executorch.to_edge(_exported("sliced_window"))
+
+
+def test_own_unfold_is_copied_for_to_edge_when_asked():
+    """A patch embedding's own unfold: to_edge refuses it (not core ATen) unless copied."""
+    module, shapes = built(NhwcPatches), ((1, 3, 8, 8),)
+    ep = torch.export.export(module, sample(shapes, 0))
+    with pytest.raises(Exception, match="unfold.default is not in Core ATen"):
+        fxviews.executorch.to_edge(ep)
+    pte = fxviews.executorch.to_edge(ep, copy_unfolds=True).to_executorch().buffer
+    method = runtime.Runtime.get().load_program(pte).load_method("forward")
+    for seed in (1, 2):
+        args = sample(shapes, seed)
+        [got] = method.execute(list(args))
+        torch.testing.assert_close(got, module(*args), rtol=1e-4, atol=1e-4)

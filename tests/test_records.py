@@ -96,6 +96,7 @@ def test_the_summary_counts_by_kind_not_by_description():
         view_records: list[Record]
         pin_records: list[Record]
         clone_records: list[Record]
+        unfold_records: list[Record] = dataclasses.field(default_factory=list)
         modified: bool = False
         seconds: float = 0.0
         traced_with: str | None = None

@@ -14,7 +14,8 @@ are drop-in replacements for ExecuTorch's functions of the same names:
    ``linear``, ``conv2d``, ... reach the partitioner as they would without fxviews, and a
    program without ``as_strided`` comes out unchanged; each chain is written in core ATen ops,
    which ``to_edge`` verifies, preferring those XNNPACK delegates (``slice``, ``view``,
-   ``permute``, ``cat``); overlapping windows are copied slices joined by ``cat``;
+   ``permute``, ``cat``); overlapping windows are copied slices joined by ``cat``, and with
+   ``copy_unfolds=True`` so is the model's own ``unfold``, which ``to_edge`` refuses;
 2. every ``as_strided`` fxviews had to keep is checked: its input must be contiguous from
    offset 0 (``fxviews.consumers.flat_reads``), else :class:`fxviews.FxViewsError` names it;
 3. ExecuTorch's own function gets the rewritten programs and every other argument unchanged.
@@ -55,18 +56,25 @@ _FLAT_READS = (
     aten.as_strided_scatter.default,
 )
 
-#: The steps an edge program is rewritten with: core-ATen chains, no vmap layout steps.
-EDGE_STEPS = RewriteSteps.of(Opset.CORE_ATEN, None, None)
+
+def edge_steps(copy_unfolds: bool) -> RewriteSteps:
+    """The steps an edge program is rewritten with: core-ATen chains, no vmap layout steps,
+    and the model's own ``unfold`` copied if asked (``to_edge`` refuses it otherwise)."""
+    return RewriteSteps.of(Opset.CORE_ATEN, None, None, copy_unfolds)
 
 
 def rewrite_for_edge(
-    programs: ExportedProgram | dict[str, ExportedProgram], strict: bool = False
+    programs: ExportedProgram | dict[str, ExportedProgram],
+    strict: bool = False,
+    copy_unfolds: bool = False,
 ) -> ExportedProgram | dict[str, ExportedProgram]:
     """``programs`` (one, or a dict of methods) rewritten for an edge compiler (see the Note).
 
     ``strict=True`` raises :class:`fxviews.UnsafeAsStridedError` for any as_strided fxviews has
     to keep; without it, a kept one ExecuTorch would run differently from eager raises
-    :class:`fxviews.FxViewsError`. The programs passed in are never modified.
+    :class:`fxviews.FxViewsError`. ``copy_unfolds=True`` also writes the model's own
+    ``unfold`` nodes as verified copies (``fxviews.rewrite``'s option of that name), which
+    ``to_edge`` otherwise refuses. The programs passed in are never modified.
 
     Example::
 
@@ -74,35 +82,38 @@ def rewrite_for_edge(
         >>> executorch.exir.to_edge(edge_ep)   # core ATen: to_edge accepts it
     """
     if isinstance(programs, dict):
-        return {name: _rewrite_one(ep, strict, name) for name, ep in programs.items()}
-    return _rewrite_one(programs, strict, "forward")
+        return {name: _rewrite_one(ep, strict, copy_unfolds, name) for name, ep in programs.items()}
+    return _rewrite_one(programs, strict, copy_unfolds, "forward")
 
 
 def to_edge(
     programs: ExportedProgram | dict[str, ExportedProgram],
     *args: Any,
     strict: bool = False,
+    copy_unfolds: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """``executorch.exir.to_edge`` of :func:`rewrite_for_edge` (``programs``); an
-    ``EdgeProgramManager``. Other arguments go to ExecuTorch unchanged.
+    """``executorch.exir.to_edge`` of :func:`rewrite_for_edge` (``programs``, ``strict``,
+    ``copy_unfolds``); an ``EdgeProgramManager``. Other arguments go to ExecuTorch unchanged.
 
     Example::
 
         >>> edge = fxviews.executorch.to_edge(torch.export.export(model, (x,)))
         >>> pte = edge.to_executorch()
     """
-    return _exir().to_edge(rewrite_for_edge(programs, strict), *args, **kwargs)
+    return _exir().to_edge(rewrite_for_edge(programs, strict, copy_unfolds), *args, **kwargs)
 
 
 def to_edge_transform_and_lower(
     programs: ExportedProgram | dict[str, ExportedProgram],
     *args: Any,
     strict: bool = False,
+    copy_unfolds: bool = False,
     **kwargs: Any,
 ) -> Any:
     """``executorch.exir.to_edge_transform_and_lower`` of :func:`rewrite_for_edge`
-    (``programs``); partitioners, transform passes and the rest go to ExecuTorch unchanged.
+    (``programs``, ``strict``, ``copy_unfolds``); partitioners, transform passes and the rest
+    go to ExecuTorch unchanged.
 
     Example::
 
@@ -110,17 +121,18 @@ def to_edge_transform_and_lower(
         ...     ep, partitioner=[XnnpackPartitioner()])
         >>> pte = edge.to_executorch()
     """
-    lowered = rewrite_for_edge(programs, strict)
+    lowered = rewrite_for_edge(programs, strict, copy_unfolds)
     return _exir().to_edge_transform_and_lower(lowered, *args, **kwargs)
 
 
-def _rewrite_one(program: Any, strict: bool, name: str) -> ExportedProgram:
+def _rewrite_one(program: Any, strict: bool, copy_unfolds: bool, name: str) -> ExportedProgram:
     if not isinstance(program, ExportedProgram):
         raise TypeError(
             f"fxviews.executorch expects torch.export ExportedPrograms; method {name!r} is a "
             f"{type(program).__name__}"
         )
-    rewritten = rewrite_exported(program, strict, steps=EDGE_STEPS).exported_program
+    result = rewrite_exported(program, strict, steps=edge_steps(copy_unfolds))
+    rewritten = result.exported_program
     for node in rewritten.graph.nodes:
         if node.target in _FLAT_READS:
             check_flat_read(node, "ExecuTorch")

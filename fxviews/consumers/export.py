@@ -114,6 +114,7 @@ def rewrite_exported(
         view_records=result.view_records,
         pin_records=result.pin_records,
         clone_records=result.clone_records,
+        unfold_records=result.unfold_records,
         exported_program=new_program,
         decomposed=decomposed,
     )
