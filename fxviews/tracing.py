@@ -48,7 +48,7 @@ import logging
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -274,9 +274,7 @@ def capture(
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
                 guard = _TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=True)
-                gm = _traced_under_guard(
-                    lambda f: _make_fx(f, "fake")(*fake_args), call, guard
-                )
+                gm = _traced_under_guard(lambda f: _make_fx(f, "fake")(*fake_args), call, guard)
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
@@ -323,7 +321,9 @@ def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.
         return _traced_under_guard(lambda f: record(f, real_args, values), call, guard)
 
 
-def _make_fx(fn: Callable[..., Any], tracing_mode: str) -> Callable[..., torch.fx.GraphModule]:
+def _make_fx(
+    fn: Callable[..., Any], tracing_mode: Literal["real", "fake"]
+) -> Callable[..., torch.fx.GraphModule]:
     """make_fx with ``detach`` kept as ``detach``.
 
     Graphs fxviews traces run again under autograd (``grad``, ``vjp`` around a transformed
@@ -572,9 +572,7 @@ def _capture_real(
     guard = _TraceGuard(real_args, refuse_data_dependent=True)
     try:
         with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
-            gm = _traced_under_guard(
-                lambda f: _make_fx(f, "real")(*real_args), call, guard
-            )
+            gm = _traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
     except _DataDependentOp as err:
         raise TracingError(
             f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
