@@ -47,9 +47,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.as_strided_calls import refuse_negative_request
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -154,6 +156,7 @@ def trace(
     """
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
+    check_flags("fxviews.trace", view_replay=view_replay, functionalize=functionalize)
     traced = torch.func.functionalize(fn) if functionalize else fn
     with _view_replay(view_replay):
         return capture(traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn))
@@ -610,6 +613,7 @@ class _TraceGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._refuse_data_dependent and reads_values_into_shape(func, args):
             raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+        refuse_negative_request(func, args, kwargs)  # as eager does, not as fake mode fails
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
         for written in _written_tensors(func, args, kwargs):

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.passes.torch_internals import (
     disable_current_modes,
@@ -159,6 +160,7 @@ def transform(
     """
     if not callable(fn):
         raise TypeError(f"fxviews.transform expects a callable, got {type(fn).__name__}")
+    check_flags("fxviews.transform", strict=strict, functionalize=functionalize)
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
@@ -201,6 +203,7 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 
         >>> print(fxviews.explain(push_jvp, x, y, yt))
     """
+    check_flags("fxviews.explain", strict=strict)
     return rewrite(trace(fn, *args), strict=strict)
 
 
