@@ -8,8 +8,8 @@ TORCH_VERSION ?= 2.13.0
 TORCHVISION_VERSION ?= 0.28.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxviews-installed
-# `make demo` needs torch and fxviews only: its own stamp installs just those into $(VENV) (about
-# a minute, most of it torch's wheel); `make test` adds the extras its tests use to the same one.
+# `make demo` needs torch and fxviews only: its own stamp installs just those into $(VENV)
+# (16 packages, about 1 GB, nearly all torch); `make test` adds its tests' extras to the same one.
 DEMO_STAMP := $(VENV)/.fxviews-demo-installed
 # `make test-newest-torch`: the whole suite again, in its own virtualenv, on the newest torch
 # release the declared range allows (the newest patch of the last minor release in it).

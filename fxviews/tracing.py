@@ -180,7 +180,7 @@ def capture(
     """
     call = _positional(fn, len(args))
     with tracing_lock:
-        if fresh and _has_real_values(args):
+        if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
                 gm = _record_on_a_sample(call, args)
                 gm.meta[TRACED_WITH] = RECORDED
@@ -222,6 +222,26 @@ def _has_real_values(args: Sequence[Any]) -> bool:
         if isinstance(leaf, torch.Tensor)
         for sample in [_innermost(leaf)]
     )
+
+
+#: The most tensor bytes a recording copies (one sample's arguments): past it, fake mode traces
+#: with no memory for values. A recording holds fresh copies of the arguments and computes
+#: ``fn`` on them once, so its memory grows with theirs (bench row 10: called outside vmap, where
+#: the sample is the whole input, a first call took 2.5x eager's peak); fake mode's cost grows
+#: with the op count only, and on inputs this large is the cheaper trace anyway.
+RECORDING_LIMIT_BYTES = 64 * 2**20
+
+
+def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
+    """Whether one sample of ``args`` (their logical shapes) is small enough to record."""
+    size = sum(
+        leaf.numel() * leaf.element_size()
+        for leaf in pytree.tree_leaves(list(args))
+        if isinstance(leaf, torch.Tensor)
+    )
+    if size > RECORDING_LIMIT_BYTES:
+        logger.debug("fxviews: %s is traced in fake mode: a sample holds %d bytes", name, size)
+    return size <= RECORDING_LIMIT_BYTES
 
 
 def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.fx.GraphModule:

@@ -41,7 +41,7 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
         cli,
         "QUICK",
         settings.Settings(
-            1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20, models=("mobilenet",)
+            1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20, models=("mobilenet",), memory_mb=8
         ),
     )
 

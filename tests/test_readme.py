@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -176,3 +177,12 @@ def test_a_snippet_that_raises_fails_where_the_readme_says(tmp_path: Path) -> No
 def test_imported_modules() -> None:
     source = "import onnxruntime, torch.fx\nfrom fxviews.examples import f\nfrom . import x\n"
     assert imported_modules(source) == {"onnxruntime", "torch", "fxviews"}
+
+
+def test_relative_links_between_the_pages_resolve() -> None:
+    link = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+    for doc in documents(ROOT):
+        for target in link.findall(doc.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links {target}"
