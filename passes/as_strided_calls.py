@@ -96,6 +96,5 @@ def refuse_negative_request(op: object, args: tuple[Any, ...], kwargs: dict[str,
     except RuntimeError as eager:
         said = str(eager).strip().splitlines()[0]
         raise RuntimeError(
-            f"{op} with sizes {size} and strides {stride} is invalid: eager PyTorch raises "
-            f'"{said}"'
+            f'{op} with sizes {size} and strides {stride} is invalid: eager PyTorch raises "{said}"'
         ) from None
