@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from fxviews.passes.errors import AsStridedRequestError, FxViewsError, UnsafeAsStridedError
-from fxviews.passes.first_use import import_on_first_use
+from fxviews.passes.first_use import import_on_first_use, names_with_first_use
 
 if TYPE_CHECKING:
     from fxviews.consumers.compile_backend import backend
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-#: Every public name but the errors is imported on first use (:mod:`fxviews.passes.first_use`):
+#: Every public name but the engine's errors is imported on first use (see first_use.py):
 #: the engine imports sympy, the engine at run time Dynamo (it is kept out of torch.compile's
 #: graphs), ``fxviews.executorch`` ExecuTorch, and ``fxviews.dtensor`` changes nothing until its
 #: register() is called. So ``import fxviews`` costs tens of ms over ``import torch``.
@@ -74,6 +74,11 @@ _ON_FIRST_USE = {
 def __getattr__(name: str) -> Any:
     """Every public name but the errors, and ``fxviews.executorch``/``dtensor``, on first use."""
     return import_on_first_use(globals(), _ON_FIRST_USE, name)
+
+
+def __dir__() -> list[str]:
+    """The names bound now and those imported on first use (for ``dir()`` and completion)."""
+    return names_with_first_use(globals(), _ON_FIRST_USE)
 
 
 # backend="fxviews" resolves through the distribution's torch_dynamo_backends entry point, which

@@ -15,7 +15,7 @@ time, kept out of torch.compile's graphs) Dynamo.
 from typing import TYPE_CHECKING, Any
 
 from .errors import AsStridedRequestError, FxViewsError, UnsafeAsStridedError
-from .first_use import import_on_first_use
+from .first_use import import_on_first_use, names_with_first_use
 
 if TYPE_CHECKING:
     from .as_strided_to_views import AsStridedToViews
@@ -71,3 +71,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Every public name but the errors, imported on first use."""
     return import_on_first_use(globals(), _ON_FIRST_USE, name)
+
+
+def __dir__() -> list[str]:
+    """The names bound now and those imported on first use (for ``dir()`` and completion)."""
+    return names_with_first_use(globals(), _ON_FIRST_USE)

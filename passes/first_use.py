@@ -37,3 +37,8 @@ def import_on_first_use(namespace: dict[str, Any], table: Mapping[str, str], nam
     value = getattr(module, attribute) if attribute else module
     namespace[name] = value
     return value
+
+
+def names_with_first_use(namespace: dict[str, Any], table: Mapping[str, str]) -> list[str]:
+    """A package's ``__dir__``: the names bound in ``namespace`` and those ``table`` imports."""
+    return sorted(set(namespace) | set(table))

@@ -49,9 +49,10 @@ def test_public_names_import_on_first_use() -> None:
         "fxviews.transform(lambda x: x * 2)(torch.ones(2))\n"
         "print('fxviews.transforming' in sys.modules)\n"
         "print(fxviews.as_strided(torch.arange(4.0), (2,), (2,)).tolist())\n"
-        "print(fxviews.AsStridedRequestError.__mro__[1].__name__, fxviews.RecordKind.VIEW.value)"
+        "print(fxviews.AsStridedRequestError.__mro__[1].__name__, fxviews.RecordKind.VIEW.value)\n"
+        "print(set(fxviews.__all__) <= set(dir(fxviews)), 'Geometry' in dir(fxviews.passes))"
     )
-    assert loaded.splitlines() == ["True", "[0.0, 2.0]", "FxViewsError view"]
+    assert loaded.splitlines() == ["True", "[0.0, 2.0]", "FxViewsError view", "True True"]
 
 
 # --- flags: a switch given something other than a bool is a mistake, not "true" ---------------
