@@ -211,14 +211,15 @@ def test_collected_output_catches_cpp_warnings_and_says_once_what_it_silenced() 
         for op in ("aten::native_batch_norm", "aten::median", "aten::median"):
             os.write(2, fallback.format(op).encode())  # as PyTorch's C++ writes it
         os.write(2, b"something else\n")
+        os.write(2, b"something else\n")
     lines = summarize(collected)
     assert lines[0] == (
         "note: PyTorch warned 3 times that vmap runs ops without a batching rule one sample at "
         "a time (slower, not wrong): aten::median, aten::native_batch_norm; silenced above"
     )
     assert lines[1:] == [
-        "note: 1 other line(s) PyTorch or a library printed meanwhile:",
-        "  something else",
+        "note: 2 other line(s) PyTorch or a library printed meanwhile:",
+        "  something else (x2)",
     ]
 
 

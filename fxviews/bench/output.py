@@ -124,10 +124,14 @@ def summarize(collected: Collected) -> list[str]:
             f"{', '.join(sorted(fallbacks))}; silenced above"
         )
     if others:
+        distinct = Counter(others)  # in first-seen order, each once with its count
         out.append(f"note: {len(others)} other line(s) PyTorch or a library printed meanwhile:")
-        out += [f"  {line}" for line in others[:_ECHOED]]
-        if len(others) > _ECHOED:
-            out.append(f"  ... and {len(others) - _ECHOED} more")
+        out += [
+            f"  {line}" + (f" (x{n})" if n > 1 else "")
+            for line, n in list(distinct.items())[:_ECHOED]
+        ]
+        if len(distinct) > _ECHOED:
+            out.append(f"  ... and {len(distinct) - _ECHOED} more distinct lines")
     return out
 
 
