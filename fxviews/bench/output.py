@@ -59,8 +59,8 @@ def collected_output() -> Iterator[Collected]:
     warnings are collected.
     """
     collected = Collected()
+    # The filters stay as they are: what they would show is collected, what they hide stays so.
     with warnings.catch_warnings(record=True) as caught, _descriptor_2_collected(collected):
-        warnings.simplefilter("always")
         yield collected
     collected.warnings = [str(w.message) for w in caught]
 
