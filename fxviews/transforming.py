@@ -111,7 +111,7 @@ def transform(
     Tracing records ``fn``'s ops on one sample's real values (one per-sample eager call of
     compute), and goes on to fake mode wherever values could leave the graph (``.item()``,
     boolean masks, ``tolist``), as :func:`fxviews.trace` traces; see *Tracing real programs*
-    in the README. Where
+    in docs/transform.md. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
     from tensor values, an untraceable op), the transformed function runs ``fn`` eagerly for
     that signature, as ``torch.compile`` does at a graph break: it warns once through the
