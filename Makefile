@@ -8,6 +8,9 @@ TORCH_VERSION ?= 2.13.0
 TORCHVISION_VERSION ?= 0.28.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fxviews-installed
+# `make demo` needs torch and fxviews only: its own stamp installs just those into $(VENV)
+# (16 packages, about 1 GB, nearly all torch); `make test` adds its tests' extras to the same one.
+DEMO_STAMP := $(VENV)/.fxviews-demo-installed
 # `make test-newest-torch`: the whole suite again, in its own virtualenv, on the newest torch
 # release the declared range allows (the newest patch of the last minor release in it).
 NEWEST_VENV ?= .venv-newest-torch
@@ -26,7 +29,13 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 	$(PY) -m pip install -q -e '.[test,onnx,bench,lint,executorch,zoo,openvino,iree,tvm]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e .
+	touch $(DEMO_STAMP)
 
 # `make lint`: ruff's lint rules and formatting, and mypy, over the whole tree (settings in
 # pyproject.toml). `make test`, and so CI, runs it first.
@@ -76,7 +85,7 @@ test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
 	$(NEWEST_PY) -m pytest $(PYTEST_SUITE)
 
-demo: setup
+demo: $(DEMO_STAMP)
 	$(PY) -m fxviews demo
 
 bench: setup

@@ -16,17 +16,21 @@ Example::
     [(<RecordKind.AS_STRIDED: 'as_strided'>, 'select(clone_1, 0, 0)')]
 """
 
-from typing import Any
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
 
-from fxviews.consumers.compile_backend import backend  # importing it registers backend="fxviews"
-from fxviews.consumers.onnx import export_onnx
-from fxviews.graph_rewriting import RewriteResult
-from fxviews.passes import FxViewsError, Record, RecordKind, UnsafeAsStridedError
-from fxviews.passes.runtime_views import AsStridedRequestError
-from fxviews.passes.runtime_views import as_strided_views as as_strided
-from fxviews.rewriting import rewrite
-from fxviews.tracing import TracingError, trace
-from fxviews.transforming import explain, transform
+from fxviews.passes.errors import AsStridedRequestError, FxViewsError, UnsafeAsStridedError
+from fxviews.passes.first_use import import_on_first_use, names_with_first_use
+
+if TYPE_CHECKING:
+    from fxviews.consumers.compile_backend import backend
+    from fxviews.consumers.onnx import export_onnx
+    from fxviews.graph_rewriting import RewriteResult
+    from fxviews.passes import Record, RecordKind
+    from fxviews.passes.runtime_views import as_strided_views as as_strided
+    from fxviews.rewriting import rewrite
+    from fxviews.tracing import TracingError, trace
+    from fxviews.transforming import explain, transform
 
 __all__ = [
     "AsStridedRequestError",
@@ -46,20 +50,41 @@ __all__ = [
 ]
 
 
-#: Consumers imported on first use: ExecuTorch, which ``import fxviews`` must not pay for, and
-#: DTensor's, which changes nothing until its register() is called.
-_LAZY_CONSUMERS = {
+#: Every public name but the engine's errors is imported on first use (see first_use.py):
+#: the engine imports sympy, the engine at run time Dynamo (it is kept out of torch.compile's
+#: graphs), ``fxviews.executorch`` ExecuTorch, and ``fxviews.dtensor`` changes nothing until its
+#: register() is called. So ``import fxviews`` costs tens of ms over ``import torch``.
+_ON_FIRST_USE = {
+    "backend": "fxviews.consumers.compile_backend:backend",
+    "export_onnx": "fxviews.consumers.onnx:export_onnx",
+    "RewriteResult": "fxviews.graph_rewriting:RewriteResult",
+    "Record": "fxviews.passes:Record",
+    "RecordKind": "fxviews.passes:RecordKind",
+    "as_strided": "fxviews.passes:as_strided_views",
+    "rewrite": "fxviews.rewriting:rewrite",
+    "TracingError": "fxviews.tracing:TracingError",
+    "trace": "fxviews.tracing:trace",
+    "explain": "fxviews.transforming:explain",
+    "transform": "fxviews.transforming:transform",
     "executorch": "fxviews.consumers.executorch",
     "dtensor": "fxviews.consumers.dtensor",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """``fxviews.executorch`` and ``fxviews.dtensor``, imported on first use."""
-    if name in _LAZY_CONSUMERS:
-        import importlib
+    """Every public name but the errors, and ``fxviews.executorch``/``dtensor``, on first use."""
+    return import_on_first_use(globals(), _ON_FIRST_USE, name)
 
-        module = importlib.import_module(_LAZY_CONSUMERS[name])
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'fxviews' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    """The names bound now and those imported on first use (for ``dir()`` and completion)."""
+    return names_with_first_use(globals(), _ON_FIRST_USE)
+
+
+# backend="fxviews" resolves through the distribution's torch_dynamo_backends entry point, which
+# Dynamo loads itself. Only a source tree on sys.path without installed metadata registers the
+# name here, which imports the backend and Dynamo.
+if not entry_points(group="torch_dynamo_backends", name="fxviews"):
+    from fxviews.consumers.compile_backend import register_backend_name
+
+    register_backend_name()

@@ -1,10 +1,31 @@
-"""Argument types shared by the command lines (``fxviews`` and its ``bench``)."""
+"""Argument checks: the command lines' types (``fxviews`` and its ``bench``), the API's flags."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int"]
+__all__ = ["check_flags", "positive_int"]
+
+
+def check_flags(caller: str, *, optional: bool = False, **flags: object) -> None:
+    """Raise TypeError naming ``caller`` and the flag for any of ``flags`` that is not a bool.
+
+    A flag is a switch: ``strict="yes"`` or ``strict=1`` is most likely a mistake (a string is
+    always true), so it is refused rather than read as true. ``optional=True`` also accepts
+    ``None`` (a flag whose default depends on other arguments).
+
+    Example::
+
+        >>> check_flags("fxviews.rewrite", strict=1)
+        TypeError: fxviews.rewrite: strict must be True or False, got 1 (int)
+    """
+    for name, value in flags.items():
+        if isinstance(value, bool) or (optional and value is None):
+            continue
+        allowed = "True, False or None" if optional else "True or False"
+        raise TypeError(
+            f"{caller}: {name} must be {allowed}, got {value!r} ({type(value).__name__})"
+        )
 
 
 def positive_int(text: str) -> int:

@@ -24,8 +24,7 @@ import torch
 import fxviews
 from fxviews.arguments import positive_int
 from fxviews.examples import f, push_jvp, seed_args
-from fxviews.passes.torch_internals import pytree
-from fxviews.printouts import DEFAULT_WIDTH, format_result
+from fxviews.printouts import DEFAULT_WIDTH, fold, format_result
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -39,6 +38,8 @@ _IN_DIMS = (1, 2, 2)
 
 
 def _largest_error(actual: Any, expected: Any) -> float:
+    from fxviews.passes.torch_internals import pytree
+
     pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected), strict=True)
     return max(float((a - e).abs().max()) for a, e in pairs)
 
@@ -51,6 +52,8 @@ def _printout_width(text: str) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    from fxviews.passes.torch_internals import pytree  # the engine's imports: not for --help
+
     gen = torch.Generator().manual_seed(args.seed)
     shape = (4, 6)
     samples = [seed_args(shape, generator=gen) for _ in range(args.batch_size)]
@@ -61,35 +64,44 @@ def _run_demo(args: argparse.Namespace) -> int:
     per_sample = [push_jvp(*sample) for sample in samples]
     reference = pytree.tree_map(lambda *leaves: torch.stack(leaves), *per_sample)
 
-    print("fxviews demo: a torch.func graph that reads memory through as_strided\n")
-    print(textwrap.indent(inspect.getsource(f) + "\n" + inspect.getsource(push_jvp), "    "))
+    def say(text: str = "") -> None:  # every line within the printout's width
+        print(fold(text, args.width), flush=True)
+
+    say("fxviews demo: a torch.func graph that reads memory through as_strided\n")
+    say(textwrap.indent(inspect.getsource(f) + "\n" + inspect.getsource(push_jvp), "    "))
 
     traced = fxviews.trace(push_jvp, *samples[0])
-    print(f"1. fxviews.trace(push_jvp, x, y, yt) on one sample of shape {shape} records:")
+    say(f"1. fxviews.trace(push_jvp, x, y, yt) on one sample of shape {shape} records:")
     for line in traced.code.splitlines():
         if "= torch.ops.aten.as_strided" in line:
-            print("    " + line.strip().split(";")[0])
+            say("    " + line.strip().split(";")[0])
 
     raw_error = _largest_error(_vmap_of(traced, batched), reference)
-    print(
+    say(
         f"\n2. vmap(traced graph, in_dims={_IN_DIMS}) over a batch of {args.batch_size}, against "
         f"push_jvp run per sample:\n   largest error {raw_error:.3g}"
         + ("  <- wrong numbers, and no error raised" if raw_error > 0 else "")
     )
+    if raw_error == 0 and args.batch_size == 1:
+        say(
+            "   (a batch of one sample: its batch dim has size 1, so the batched tensors lay "
+            "the sample out exactly as the traced strides expect and the bug cannot show; "
+            "try --batch-size 2 or more)"
+        )
 
     result = fxviews.rewrite(traced)
-    print("\n3. fxviews.rewrite(traced graph):\n")
-    print(format_result(result, width=args.width))
+    say("\n3. fxviews.rewrite(traced graph):\n")
+    say(format_result(result, width=args.width))
 
     fixed_error = _largest_error(_vmap_of(result.graph_module, batched), reference)
     transform_error = _largest_error(_vmap_of(fxviews.transform(push_jvp), batched), reference)
-    print(
+    say(
         f"\n4. vmap(rewritten graph, in_dims={_IN_DIMS}): largest error {fixed_error:.3g}\n"
         f"   vmap(fxviews.transform(push_jvp), in_dims={_IN_DIMS}): "
         f"largest error {transform_error:.3g}"
     )
     ok = fixed_error == 0 and transform_error == 0
-    print("\nresult: " + ("both match the per-sample reference" if ok else "MISMATCH"))
+    say("\nresult: " + ("both match the per-sample reference" if ok else "MISMATCH"))
     return 0 if ok else 1
 
 
@@ -132,7 +144,7 @@ def _register_bench(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="time the rewritten graphs, transform and the backend against the alternatives",
-        description=bench.__doc__,
+        description=bench.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_arguments(parser)

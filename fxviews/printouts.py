@@ -1,10 +1,11 @@
 """Graph-diff printouts and logging for rewrites.
 
 ``str(fxviews.rewrite(gm))`` calls :func:`format_result`: a table with one row per as_strided
-node, a summary line, and a unified diff of the graph code. :func:`report_rewrite` is what
-:func:`fxviews.transform` and the ``torch.compile`` backend call on every graph they rewrite:
-it logs each record to ``logging.getLogger("fxviews")`` at DEBUG and, when the environment
-variable ``FXVIEWS_DEBUG`` is set to ``1``, prints the whole printout to stderr.
+node (its reason under it), a summary line, and a unified diff of the graph code.
+:func:`report_rewrite` is what :func:`fxviews.transform` and the ``torch.compile`` backend call
+on every graph they rewrite: it logs each record to ``logging.getLogger("fxviews")`` at DEBUG
+and, when the environment variable ``FXVIEWS_DEBUG`` is set to ``1``, prints the whole printout
+to stderr.
 
 Example::
 
@@ -22,17 +23,17 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-from tabulate import tabulate
-
-from fxviews.passes import METHODS, Record, RecordKind
+if TYPE_CHECKING:  # the records are imported with the engine, not with the command line
+    from fxviews.passes import Record
 
 __all__ = [
     "DEBUG_ENV",
     "Rewrite",
     "all_records",
     "debug_enabled",
+    "fold",
     "format_diff",
     "format_result",
     "format_summary",
@@ -55,12 +56,11 @@ DEBUG_ENV = "FXVIEWS_DEBUG"
 #: Default printout width: a terminal 100 columns wide shows every line without wrapping.
 DEFAULT_WIDTH = 100
 
-_HEADERS = ("node", "before", "after", "method", "reason")
-# tabulate's "simple" format puts two spaces between columns and nothing at the edges.
+_HEADERS = ("node", "before", "after", "method")
+# Two spaces between columns and nothing at the edges.
 _COLUMN_GAP = 2
-# tabulate's own minimum: a column is at least its header plus this wide.
-_HEADER_PADDING = 2
-_REASON_RESERVE = 16
+# How each record's reason starts, on its own line(s) under its row.
+_REASON = "reason: "
 # Where table cells may break: after a comma, an opening parenthesis or a space. Each match is
 # one token, ending where a line may end.
 _BREAK = re.compile(r"[^\s,(]*(?:,\s*|\(|\s+|$)")
@@ -113,33 +113,60 @@ def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = T
 
 
 def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> str:
-    """A tabulate table of ``records``, one row per node, at most ``width`` wide.
+    """A table of ``records``, one row per node with its reason under it, at most ``width`` wide.
+
+    The columns are the node, its code before and after, and the method; the reason, often a
+    sentence, gets a line of its own under the row (``reason:``), as wide as the table, so it
+    reads as prose instead of a narrow column.
 
     Example::
 
         >>> print(format_table([Record("as_strided", "as_strided(t, [6], [1], 0)",
         ...                            "select(t, 0, 0)", "provenance", "twin view")]))
+        node        before                      after            method
+        ----------  --------------------------  ---------------  ----------
+        as_strided  as_strided(t, [6], [1], 0)  select(t, 0, 0)  provenance
+                    reason: twin view
     """
-    rows = [[_node_cell(r), r.before, r.after, r.method, r.reason] for r in records]
-    # tabulate makes every column at least its header plus _HEADER_PADDING wide.
-    minimums = [len(header) + _HEADER_PADDING for header in _HEADERS]
-    natural = [
-        max([minimums[i]] + [_widest_line(row[i]) for row in rows]) for i in range(len(_HEADERS))
+    rows = [[_node_cell(r), r.before, r.after, r.method] for r in records]
+    natural = [max([len(header)] + [_widest_line(row[i]) for row in rows]) for i, header in
+               enumerate(_HEADERS)]  # fmt: skip
+    node, before, after, method = natural
+    budget = width - _COLUMN_GAP * (len(_HEADERS) - 1) - node - method
+    # Node names and methods are short identifiers: never wrapped. The code columns share the
+    # rest, each at least as wide as its longest name where both fit (no name split mid-word).
+    longest = [max([len(h)] + [_longest_token(row[i]) for row in rows]) for i, h in
+               [(1, _HEADERS[1]), (2, _HEADERS[2])]]  # fmt: skip
+    minimums = longest if sum(longest) <= budget else [len(_HEADERS[1]), len(_HEADERS[2])]
+    widths = [node, *_fit_columns([before, after], minimums, budget), method]
+    indent = " " * (node + _COLUMN_GAP)
+    lines = [
+        _joined(_HEADERS, widths),
+        _joined(["-" * w for w in widths], widths),
     ]
-    budget = width - _COLUMN_GAP * (len(_HEADERS) - 1)
-    # Node names and methods are short identifiers: never wrapped. The code columns (before,
-    # after) share most of the rest, leaving up to _REASON_RESERVE columns to the reason.
-    node, before, after, method, reason = natural
-    reserve = min(reason, _REASON_RESERVE)
-    code = _fit_columns([before, after], minimums[1:3], budget - node - method - reserve)
-    widths = [node, *code, method, max(budget - node - method - sum(code), minimums[4])]
-    wrapped = [[_wrap_cell(cell, w) for cell, w in zip(row, widths, strict=True)] for row in rows]
-    return tabulate(wrapped, headers=_HEADERS, tablefmt="simple", disable_numparse=True)
+    for record, row in zip(records, rows, strict=True):
+        cells = [_wrap_cell(c, w).splitlines() or [""] for c, w in zip(row, widths, strict=True)]
+        for i in range(max(len(cell) for cell in cells)):
+            lines.append(_joined([cell[i] if i < len(cell) else "" for cell in cells], widths))
+        reason = _wrap_tokens(f"{_REASON}{record.reason}", width - len(indent), " " * len(_REASON))
+        lines += [indent + line for line in reason]
+    return "\n".join(lines)
 
 
 def _node_cell(record: Record) -> str:
     """The node's name, and below it the user's source line that made it, if recorded."""
     return record.node if record.source is None else f"{record.node}\n{record.source}"
+
+
+def _joined(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """One table line: ``cells`` padded to ``widths``, ``_COLUMN_GAP`` spaces apart."""
+    gap = " " * _COLUMN_GAP
+    return gap.join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _longest_token(text: str) -> int:
+    """The widest piece of ``text`` a cell never breaks (see _BREAK), trailing spaces aside."""
+    return max((len(token.rstrip()) for token in _BREAK.findall(text)), default=0)
 
 
 def format_summary(result: Rewrite) -> str:
@@ -150,6 +177,8 @@ def format_summary(result: Rewrite) -> str:
         >>> format_summary(res)
         'fxviews: as_strided 1 rewritten (provenance 1), 0 kept; in 2.1 ms'
     """
+    from fxviews.passes import METHODS, RecordKind
+
     elapsed = f"in {result.seconds * 1e3:.1f} ms"
     records = all_records(result)
     if not records:
@@ -193,6 +222,25 @@ def format_diff(
     out: list[str] = []
     for line in lines:
         out.extend(_fold_diff_line(line, width))
+    return "\n".join(out)
+
+
+def fold(text: str, width: int) -> str:
+    """``text`` with every line longer than ``width`` wrapped at token boundaries; continuation
+    lines are indented four columns past the line they continue (at most half the width).
+
+    Example::
+
+        >>> print(fold("    y = f(alpha, beta)  # a comment", 20))
+            y = f(alpha,
+                beta)  # a
+                comment
+    """
+    out = []
+    for line in text.split("\n"):
+        indent = len(line) - len(line.lstrip())
+        continuation = " " * min(indent + 4, width // 2)
+        out += _wrap_tokens(line, width, continuation) if len(line) > width else [line]
     return "\n".join(out)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fxviews.arguments import check_flags
 from fxviews.consumers.export import rewrite_exported
 from fxviews.graph_rewriting import RewriteResult, RewriteSteps, rewrite_graph
 from fxviews.passes import Opset
@@ -58,6 +59,10 @@ def rewrite(
         >>> [r.method for r in res.records]
         ['provenance']
     """
+    check_flags("fxviews.rewrite", strict=strict, copy_unfolds=copy_unfolds)
+    check_flags(
+        "fxviews.rewrite", optional=True, reshape_views=reshape_views, pin_layouts=pin_layouts
+    )
     steps = RewriteSteps.of(opset, reshape_views, pin_layouts, copy_unfolds)
     if isinstance(gm, torch.export.ExportedProgram):
         return rewrite_exported(gm, strict, example_inputs, steps)

@@ -53,9 +53,11 @@ from typing import Any, Literal
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.as_strided_calls import refuse_negative_request
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -235,6 +237,7 @@ def trace(
     """
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
+    check_flags("fxviews.trace", view_replay=view_replay, functionalize=functionalize)
     traced = torch.func.functionalize(fn) if functionalize else fn
     with _view_replay(view_replay):
         return capture(traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn))
@@ -259,7 +262,7 @@ def capture(
     call = _positional(fn, len(args))
     reads_memory = False  # the recording saw fn read tensor memory from Python
     with tracing_lock, _capturing():
-        if fresh and _has_real_values(args):
+        if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
                 gm = _record_on_a_sample(call, args)
                 gm.meta[TRACED_WITH] = RECORDED
@@ -309,6 +312,26 @@ def _has_real_values(args: Sequence[Any]) -> bool:
         if isinstance(leaf, torch.Tensor)
         for sample in [_innermost(leaf)]
     )
+
+
+#: The most tensor bytes a recording copies (one sample's arguments): past it, fake mode traces
+#: with no memory for values. A recording holds fresh copies of the arguments and computes
+#: ``fn`` on them once, so its memory grows with theirs (bench row 10: called outside vmap, where
+#: the sample is the whole input, a first call took 2.5x eager's peak); fake mode's cost grows
+#: with the op count only, and on inputs this large is the cheaper trace anyway.
+RECORDING_LIMIT_BYTES = 64 * 2**20
+
+
+def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
+    """Whether one sample of ``args`` (their logical shapes) is small enough to record."""
+    size = sum(
+        leaf.numel() * leaf.element_size()
+        for leaf in pytree.tree_leaves(list(args))
+        if isinstance(leaf, torch.Tensor)
+    )
+    if size > RECORDING_LIMIT_BYTES:
+        logger.debug("fxviews: %s is traced in fake mode: a sample holds %d bytes", name, size)
+    return size <= RECORDING_LIMIT_BYTES
 
 
 def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.fx.GraphModule:
@@ -740,6 +763,7 @@ class _TraceGuard(TorchDispatchMode):
             and not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args))
         ):
             raise _ConstantRead(f"it reads the value of a tensor it closes over ({func})")
+        refuse_negative_request(func, args, kwargs)  # as eager does, not as fake mode fails
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
         for written in _tensors_it_may_write(func, args, kwargs):

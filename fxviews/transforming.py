@@ -50,6 +50,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
     ModuleCalls,
@@ -135,7 +136,7 @@ def transform(
     Tracing records ``fn``'s ops on one sample's real values (one per-sample eager call of
     compute), and goes on to fake mode wherever values could leave the graph (``.item()``,
     boolean masks, ``tolist``), as :func:`fxviews.trace` traces; see *Tracing real programs*
-    in the README. Where
+    in docs/transform.md. Where
     ``fn`` cannot be one graph at all (Python control flow on tensor values, shapes computed
     from tensor values), the transformed function runs ``fn`` eagerly for that signature, as
     ``torch.compile`` does at a graph break: it warns once through the ``fxviews`` logger and
@@ -192,6 +193,7 @@ def transform(
     """
     if not callable(fn):
         raise TypeError(f"fxviews.transform expects a callable, got {type(fn).__name__}")
+    check_flags("fxviews.transform", strict=strict, functionalize=functionalize)
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
@@ -243,6 +245,7 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 
         >>> print(fxviews.explain(push_jvp, x, y, yt))
     """
+    check_flags("fxviews.explain", strict=strict)
     return rewrite(trace(fn, *args), strict=strict)
 
 

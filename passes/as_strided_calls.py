@@ -14,7 +14,7 @@ import torch.fx
 
 from .graph_edits import arguments_by_name
 from .op_tables import AS_STRIDED_OPS, TORCH_LEVEL_AS_STRIDED
-from .torch_internals import OpOverload
+from .torch_internals import OpOverload, disable_current_modes, op_schema
 
 
 def as_strided_op(node: torch.fx.Node) -> OpOverload | None:
@@ -65,3 +65,36 @@ def feeds_as_strided(node: torch.fx.Node) -> bool:
             return True
         todo.extend(user.users)
     return False
+
+
+def refuse_negative_request(op: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise eager PyTorch's own error for an as_strided-family call with a negative size or
+    stride; return for any other call.
+
+    Fake and meta tensors compute such a request's element count before checking it, and fail
+    with "numel: integer multiplication overflow"; eager PyTorch refuses the request itself,
+    in its own words, which this asks for with the same request on an empty tensor. Symbolic
+    sizes are left to the ShapeEnv.
+
+    Example::
+
+        >>> refuse_negative_request(aten.as_strided.default, (x, [-1], [1]), {})
+        RuntimeError: aten.as_strided.default with sizes [-1] and strides [1] is invalid:
+        eager PyTorch raises "Storage size calculation overflowed with sizes=[-1] and strides=[1]"
+    """
+    if op not in AS_STRIDED_OPS:
+        return
+    assert isinstance(op, OpOverload)
+    names = [argument.name for argument in op_schema(op).arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    size, stride = list(bound["size"]), list(bound["stride"])
+    if not all(isinstance(v, int) for v in size + stride) or min(size + stride, default=0) >= 0:
+        return
+    try:
+        with disable_current_modes():  # a real tensor, not a fake one of the trace's mode
+            torch.empty(0).as_strided(size, stride, 0)
+    except RuntimeError as eager:
+        said = str(eager).strip().splitlines()[0]
+        raise RuntimeError(
+            f'{op} with sizes {size} and strides {stride} is invalid: eager PyTorch raises "{said}"'
+        ) from None

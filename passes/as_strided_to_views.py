@@ -732,7 +732,8 @@ def _why_kept(call: _Call) -> str:
         if chain is not None:
             ops = sorted({step.name() for step in chain if not has_scatter_form((step,))})
             if ops:
-                return f"its region needs {', '.join(ops)}, which have no scatter form"
+                verb = "has" if len(ops) == 1 else "have"
+                return f"its region needs {' and '.join(ops)}, which {verb} no scatter form"
             return (
                 "its scatter form would not give the output layout, which later nodes read, "
                 "or would not write where as_strided_scatter does"

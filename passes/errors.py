@@ -5,6 +5,11 @@ They live here, not in ``fxviews/``, because the engine imports nothing from the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .geometry import Geometry
+
 #: ``(sizes, strides, offset)`` as an as_strided call writes them.
 RequestedGeometry = tuple[tuple[object, ...], tuple[object, ...], object]
 
@@ -48,3 +53,26 @@ class UnsafeAsStridedError(FxViewsError):
             f"as_strided node {node!r}{where} with sizes {list(sizes)}, strides "
             f"{list(strides)} and offset {offset} was kept: {reason}"
         )
+
+
+class AsStridedRequestError(FxViewsError, ValueError):
+    """An ``as_strided`` request no chain of view ops can give from the tensor it is made on.
+
+    ``source`` is the tensor's geometry, ``target`` the request (offsets in storage elements;
+    both 0 under torch.compile when no offset was given), ``reason`` why: it reads memory the
+    tensor does not expose, or it has no view form. Raised by ``fxviews.as_strided``
+    (:mod:`fxviews.passes.runtime_views`); it lives here so catching it imports nothing more.
+
+    Example::
+
+        >>> fxviews.as_strided(torch.zeros(4), (3,), (2,))
+        AsStridedRequestError: as_strided request sizes=[3] strides=[2] offset=0 on a tensor
+        of geometry sizes=[4] strides=[1] offset=0: unsafe: it reads the element 4 past the
+        tensor's offset, which the tensor does not expose
+    """
+
+    def __init__(self, source: Geometry, target: Geometry, reason: str) -> None:
+        self.source = source
+        self.target = target
+        self.reason = reason
+        super().__init__(f"as_strided request {target} on a tensor of geometry {source}: {reason}")

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from .chain import ViewChain, ViewStep, apply_chain
-from .errors import FxViewsError
+from .errors import AsStridedRequestError
 from .geometry import Geometry, find_exposed_address
 from .synthesis import synthesize
 from .torch_internals import disable_current_modes
@@ -50,28 +50,6 @@ aten = torch.ops.aten
 #: The chain of a request equal to the tensor's own geometry: a new view of the same memory,
 #: as ``torch.as_strided`` returns, not the tensor object itself.
 IDENTITY: ViewChain = (ViewStep(aten.alias.default, ()),)
-
-
-class AsStridedRequestError(FxViewsError, ValueError):
-    """An ``as_strided`` request no chain of view ops can give from the tensor it is made on.
-
-    ``source`` is the tensor's geometry, ``target`` the request (offsets in storage elements;
-    both 0 under torch.compile when no offset was given), ``reason`` why: it reads memory the
-    tensor does not expose, or it has no view form.
-
-    Example::
-
-        >>> fxviews.as_strided(torch.zeros(4), (3,), (2,))
-        AsStridedRequestError: as_strided request sizes=[3] strides=[2] offset=0 on a tensor
-        of geometry sizes=[4] strides=[1] offset=0: unsafe: it reads the element 4 past the
-        tensor's offset, which the tensor does not expose
-    """
-
-    def __init__(self, source: Geometry, target: Geometry, reason: str) -> None:
-        self.source = source
-        self.target = target
-        self.reason = reason
-        super().__init__(f"as_strided request {target} on a tensor of geometry {source}: {reason}")
 
 
 def requested_geometry(

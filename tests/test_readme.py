@@ -1,6 +1,7 @@
-"""The README's Python code blocks run, each on its own, so every snippet stays true.
+"""The documentation's Python code blocks run, each on its own, so every snippet stays true.
 
-Every ```` ```python ```` block of README.md is one test: it runs on its own in a fresh
+Every ```` ```python ```` block of README.md and of each ``docs/*.md`` page (any page added
+there is collected) is one test: it runs on its own in a fresh
 interpreter, as a reader pasting it would run it (and Dynamo's, Inductor's and torch.export's
 process-wide state stays out of the other tests), in a temporary working directory (snippets
 may save files), and fails if it raises; snippets state their results as assertions.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 #: A line starting with this, right before a ```python fence, marks the block as not run.
 NOT_RUN = "<!-- not run"
 ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
@@ -32,15 +35,19 @@ OPTIONAL = ONNX_EXTRA | {"executorch"}
 
 @dataclass(frozen=True)
 class Snippet:
-    """One ```python block: its code, the file line its code starts on, whether it runs."""
+    """One ```python block: its file, the line its code starts on, its code, whether it runs."""
 
+    path: Path
     line: int
     source: str
     runnable: bool
 
 
-def python_blocks(markdown: str) -> list[Snippet]:
-    """Every ```python block of ``markdown``, in order; an unclosed one raises ValueError."""
+def python_blocks(markdown: str, path: Path = README) -> list[Snippet]:
+    """Every ```python block of ``markdown`` (the text of ``path``), in order.
+
+    An unclosed block raises ValueError.
+    """
     lines = markdown.splitlines()
     snippets = []
     start = None
@@ -51,12 +58,17 @@ def python_blocks(markdown: str) -> list[Snippet]:
         elif start is not None and fence == "```":
             runnable = start == 1 or not lines[start - 2].startswith(NOT_RUN)
             snippets.append(
-                Snippet(start + 1, "\n".join(lines[start : number - 1]) + "\n", runnable)
+                Snippet(path, start + 1, "\n".join(lines[start : number - 1]) + "\n", runnable)
             )
             start = None
     if start is not None:
-        raise ValueError(f"the ```python block opened on line {start} is not closed")
+        raise ValueError(f"the ```python block opened on {path.name}:{start} is not closed")
     return snippets
+
+
+def documents(root: Path) -> list[Path]:
+    """The documentation whose blocks run: ``root``'s README and every page under its docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
 def imported_modules(source: str) -> set[str]:
@@ -70,13 +82,15 @@ def imported_modules(source: str) -> set[str]:
     return names
 
 
-SNIPPETS = python_blocks(README.read_text(encoding="utf-8"))
+SNIPPETS = [
+    s for doc in documents(ROOT) for s in python_blocks(doc.read_text(encoding="utf-8"), doc)
+]
 
 
 @pytest.mark.parametrize(
     "snippet",
     [s for s in SNIPPETS if s.runnable],
-    ids=lambda s: f"README.md:{s.line}",
+    ids=lambda s: f"{s.path.relative_to(ROOT).as_posix()}:{s.line}",
 )
 def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
     optional = imported_modules(snippet.source) & OPTIONAL
@@ -88,11 +102,12 @@ def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
 
 def run_snippet(snippet: Snippet, cwd: Path) -> str:
     """Run ``snippet`` in a new interpreter in ``cwd``: its traceback if it raised, else ""."""
-    # Padded with empty lines so a traceback names the README line that raised.
+    # Padded with empty lines so a traceback names the file and line that raised.
     code = "\n" * (snippet.line - 1) + snippet.source
-    program = f"exec(compile({code!r}, {str(README)!r}, 'exec'), {{'__name__': '__main__'}})"
+    where = str(snippet.path)
+    program = f"exec(compile({code!r}, {where!r}, 'exec'), {{'__name__': '__main__'}})"
     # This checkout's fxviews first, whichever one the interpreter has installed.
-    path = os.pathsep.join(p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-c", program],
         cwd=cwd,
@@ -106,8 +121,21 @@ def run_snippet(snippet: Snippet, cwd: Path) -> str:
 
 def test_the_readme_has_runnable_snippets_and_few_that_are_not() -> None:
     runnable = [s for s in SNIPPETS if s.runnable]
-    assert runnable
+    assert any(s.path == README for s in runnable)
     assert len(SNIPPETS) - len(runnable) <= len(runnable) // 4
+
+
+def test_any_page_added_under_docs_is_collected(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    for name in ["README.md", "docs/b-page.md", "docs/a-page.md", "docs/notes.txt"]:
+        (tmp_path / name).write_text("```python\nx = 1\n```\n")
+    assert documents(tmp_path) == [
+        tmp_path / "README.md",
+        tmp_path / "docs" / "a-page.md",
+        tmp_path / "docs" / "b-page.md",
+    ]
+    # The README's deep material moved under docs/ and its blocks still run.
+    assert any(s.runnable and s.path.parent == ROOT / "docs" for s in SNIPPETS)
 
 
 def test_python_blocks_reads_only_python_fences_and_honours_the_marker() -> None:
@@ -129,21 +157,32 @@ def test_python_blocks_reads_only_python_fences_and_honours_the_marker() -> None
             "```",
         ]
     )
-    assert python_blocks(markdown) == [
-        Snippet(3, "a = 1\n", True),
-        Snippet(10, "as_strided = ...\n", False),
+    page = ROOT / "docs" / "page.md"
+    assert python_blocks(markdown, page) == [
+        Snippet(page, 3, "a = 1\n", True),
+        Snippet(page, 10, "as_strided = ...\n", False),
     ]
-    with pytest.raises(ValueError, match="line 2"):
-        python_blocks("text\n```python\nx = 1\n")
+    with pytest.raises(ValueError, match="page.md:2"):
+        python_blocks("text\n```python\nx = 1\n", page)
 
 
 def test_a_snippet_that_raises_fails_where_the_readme_says(tmp_path: Path) -> None:
-    snippet = Snippet(7, "x = 1\nassert x == 2, 'stated result'\n", True)
+    page = ROOT / "docs" / "page.md"
+    snippet = Snippet(page, 7, "x = 1\nassert x == 2, 'stated result'\n", True)
     traceback = run_snippet(snippet, tmp_path)
-    assert f'File "{README}", line 8' in traceback
+    assert f'File "{page}", line 8' in traceback
     assert "AssertionError: stated result" in traceback
 
 
 def test_imported_modules() -> None:
     source = "import onnxruntime, torch.fx\nfrom fxviews.examples import f\nfrom . import x\n"
     assert imported_modules(source) == {"onnxruntime", "torch", "fxviews"}
+
+
+def test_relative_links_between_the_pages_resolve() -> None:
+    link = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+    for doc in documents(ROOT):
+        for target in link.findall(doc.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links {target}"

@@ -1,10 +1,15 @@
-"""The bench's command line: ``python -m fxviews bench`` (or ``python -m fxviews.bench``)."""
+"""The bench's command line: ``python -m fxviews bench`` (or ``python -m fxviews.bench``).
+
+Importing it imports no row: ``--help`` and argument errors answer at once, and each row's
+module (with the engine, Dynamo or the zoo it needs) is imported when the row runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import os
 import platform
@@ -16,49 +21,84 @@ import torch
 
 from fxviews.arguments import positive_int
 from fxviews.bench import plots
-from fxviews.bench.compile_paths import COMPILED_BATCH
-from fxviews.bench.report import failed_paths, render
-from fxviews.bench.rows_compile import bench_compile, bench_compiled, bench_first_call
-from fxviews.bench.rows_engine import bench_pass_cost
-from fxviews.bench.rows_models import MODELS_BATCH, bench_models
-from fxviews.bench.rows_runtime import bench_graph, bench_overhead, bench_vmap
-from fxviews.bench.settings import FULL, QUICK, Settings, Table
+from fxviews.bench.output import collected_output, progress, summarize
+from fxviews.bench.report import WIDTH, failed_paths, legend, render
+from fxviews.bench.settings import COMPILED_BATCH, FULL, MODELS_BATCH, QUICK, Settings, Table
 
-__all__ = ["BENCHES", "ROWS", "add_arguments", "main", "run", "run_rows"]
+__all__ = ["BENCHES", "DESCRIPTION", "ROWS", "add_arguments", "main", "run", "run_rows"]
 
-#: Each row's title and the function measuring it, in the order the rows run and print.
-BENCHES: dict[str, tuple[str, Callable[[Settings], Table]]] = {
+#: Each row's title and the function measuring it (``module:function``, imported when the row
+#: runs), in the order the rows run and print.
+BENCHES: dict[str, tuple[str, str]] = {
     "vmap": (
         "1. vmap of push_jvp: loop / eager vmap / transform vs the rewritten graph",
-        bench_vmap,
+        "fxviews.bench.rows_runtime:bench_vmap",
     ),
-    "graph": ("2. rewritten vs original graph, contiguous inputs, no vmap", bench_graph),
+    "graph": (
+        "2. rewritten vs original graph, contiguous inputs, no vmap",
+        "fxviews.bench.rows_runtime:bench_graph",
+    ),
     "first_call": (
         "3. first call on a fresh function (trace or compile + one run)",
-        bench_first_call,
+        "fxviews.bench.rows_compile:bench_first_call",
     ),
-    "pass_cost": ("4. engine cost vs graph size", bench_pass_cost),
+    "pass_cost": ("4. engine cost vs graph size", "fxviews.bench.rows_engine:bench_pass_cost"),
     "overhead": (
         "5. steady-state overhead of a cached transform call, without and under vmap "
         "(min CPU time)",
-        bench_overhead,
+        "fxviews.bench.rows_runtime:bench_overhead",
     ),
-    "compile": ("6. compile time: backend='fxviews' vs aot_eager", bench_compile),
+    "compile": (
+        "6. compile time: backend='fxviews' vs aot_eager",
+        "fxviews.bench.rows_compile:bench_compile",
+    ),
     "compiled": (
         f"7. vmap(push_jvp) compiled vs vmap(transform), B={COMPILED_BATCH}: steady state, "
         "first call, break-even",
-        bench_compiled,
+        "fxviews.bench.rows_compile:bench_compiled",
     ),
     "models": (
         f"8. whole models under vmap, B={MODELS_BATCH}: per-sample grads and jvp, first "
         "call (cpu), steady state",
-        bench_models,
+        "fxviews.bench.rows_models:bench_models",
+    ),
+    "startup": (
+        "9. start-up: import fxviews over import torch, and the command line's --help",
+        "fxviews.bench.rows_first_hour:bench_startup",
+    ),
+    "memory": (
+        "10. first call's memory: peak RSS of transform's first call vs eager, large input",
+        "fxviews.bench.rows_first_hour:bench_memory",
     ),
 }
 
-
 #: Row names, in the order they run and print.
 ROWS = tuple(BENCHES)
+
+#: ``bench --help``'s description: what each row compares, in plain text.
+DESCRIPTION = """\
+Time fxviews against the alternatives, every comparison measured side by side in this run
+(ratios are what compare; absolute times move with the machine). Rows (--rows NAME,...):
+
+  vmap        vmap over the rewritten graph of push_jvp vs a per-sample Python loop, eager
+              vmap(push_jvp) and vmap(fxviews.transform(push_jvp))
+  graph       the rewritten graph vs the original one, no vmap
+  first_call  first call of transform(fn) vs torch.compile(fn) (aot_eager, Inductor)
+  pass_cost   the engine's cost vs graph size, and as a share of make_fx's trace
+  overhead    a cached transform call vs calling its graph, directly and under vmap
+  compile     compile time of backend="fxviews" vs aot_eager
+  compiled    vmap(push_jvp) compiled vs vmap(transform): per call, first call, break-even
+  models      per-sample grads and jvp of whole models under vmap: eager vs transform vs
+              aot_eager (torchvision and timm models too, with fxviews[zoo])
+  startup     seconds import fxviews adds to import torch, and python -m fxviews --help
+  memory      peak memory of transform's first call (one sample recorded) vs eager
+
+Rows 1, 4, 5 and 7 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
+median wall time. torch runs on one thread unless --threads says otherwise. A path that
+cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
+exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized
+after its table.
+"""
 
 # --- command line -----------------------------------------------------------------------------
 
@@ -86,15 +126,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rows",
         default=",".join(ROWS),
-        help=f"comma-separated subset of {','.join(ROWS)} (default: all)",
+        metavar="NAME,...",
+        help=f"the rows to run, comma-separated, from: {', '.join(ROWS)} (default: all)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmarks ``args`` select, print their tables, write JSON if asked.
 
-    Exit code 0; 1 if a measured path raised (its cell says why); 2 for unknown rows, or for
-    ``--plot`` without matplotlib.
+    Exit code 0; 1 if a measured path raised (its cell says why); 2, before measuring anything,
+    for unknown rows, an output path that cannot be written, or ``--plot`` without matplotlib.
     """
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
@@ -102,12 +143,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"fxviews bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
         return 2
     settings = QUICK if args.quick else FULL
-    if args.plot:
+    # Every check of the outputs comes before minutes of measuring, not after.
+    problems = [f"--json {args.json}: {p}" for p in [unwritable(args.json, "file")] if p]
+    problems += [f"--plot {args.plot}: {p}" for p in [unwritable(args.plot, "directory")] if p]
+    if args.plot and not problems:
         try:
-            plots.require_matplotlib()  # before minutes of measuring, not after
+            plots.require_matplotlib()
         except ImportError as err:
-            print(f"fxviews bench: {err}")
-            return 2
+            problems.append(str(err))
+    if problems:
+        print("fxviews bench: " + "\n  ".join(problems))
+        return 2
     # Called in-process (tests, notebooks), the thread count must not leak out of the bench.
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -125,6 +171,45 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def unwritable(path: str | None, kind: str) -> str | None:
+    """Why the bench could not write its ``kind`` (``"file"`` or ``"directory"``) at ``path``,
+    or None where it can (or no path was given).
+
+    A file needs its directory to exist; a directory is created with its missing parents, so
+    the nearest one that exists must be a writable directory.
+
+    Example::
+
+        >>> unwritable("/nonexistent/dir/x.json", "file")
+        'its directory /nonexistent/dir does not exist'
+    """
+    if not path:
+        return None
+    target = os.path.abspath(path)
+    if os.path.exists(target):
+        if kind == "file" and os.path.isdir(target):
+            return "is a directory; give a file name"
+        if kind == "directory" and not os.path.isdir(target):
+            return "exists and is not a directory"
+        return None if os.access(target, os.W_OK) else "is not writable"
+    parent = os.path.dirname(target)
+    if kind == "directory":
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            return f"{parent} is not a directory"
+    elif not os.path.isdir(parent):
+        return f"its directory {parent} does not exist"
+    return None if os.access(parent, os.W_OK) else f"its directory {parent} is not writable"
+
+
+def bench_function(row: str) -> Callable[[Settings], Table]:
+    """The function measuring ``row``, imported now (see :data:`BENCHES`)."""
+    module, name = BENCHES[row][1].split(":")
+    function: Callable[[Settings], Table] = getattr(importlib.import_module(module), name)
+    return function
+
+
 def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> dict[str, Table]:
     """Run and print ``rows`` with the current torch settings; write them to ``json_path``."""
     meta = {
@@ -135,18 +220,22 @@ def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> 
         "quick": settings is QUICK,
         "date": datetime.date.today().isoformat(),
     }
-    print(textwrap.fill("  ".join(f"{k}={v}" for k, v in meta.items()), 100,
+    print(textwrap.fill("  ".join(f"{k}={v}" for k, v in meta.items()), WIDTH,
                         initial_indent="fxviews bench  ", subsequent_indent="  "))  # fmt: skip
     tables: dict[str, Table] = {}
     for row in rows:
-        title, bench = BENCHES[row]
+        title = BENCHES[row][0]
+        bench = bench_function(row)
         # Each row starts from a collected heap: row 4's 100k-node graph leaves ~1.3M objects
         # in reference cycles, collected here rather than in the middle of a later timing.
         gc.collect()
         start = time.perf_counter()
-        tables[row] = bench(settings)
+        with collected_output() as collected, progress.row(title):
+            tables[row] = bench(settings)
         print(f"\n{title}  [{time.perf_counter() - start:.1f} s]", flush=True)
         print(render(tables[row]), flush=True)
+        for line in legend(tables[row]) + summarize(collected):
+            print(textwrap.fill(line, WIDTH, subsequent_indent="    "), flush=True)
     if json_path:
         with open(json_path, "w", encoding="utf-8") as out:
             json.dump({"meta": meta, "rows": tables}, out, indent=2)
@@ -155,7 +244,11 @@ def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fxviews.bench [options]``: the bench command on its own."""
-    parser = argparse.ArgumentParser(prog="fxviews bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fxviews bench",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

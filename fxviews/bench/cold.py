@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from fxviews.bench.compile_paths import COMPILE_FUNCTIONS, COMPILED_BATCH, Wrap, compiled_path_wrap
+from fxviews.bench.compile_paths import COMPILE_FUNCTIONS, Wrap, compiled_path_wrap
 from fxviews.bench.report import measured
-from fxviews.bench.settings import Settings
+from fxviews.bench.settings import COMPILED_BATCH, Settings
 from fxviews.bench.timing import FirstCall, first_call
 from fxviews.bench.workloads import make_push_jvp, seed_batch
 from fxviews.examples import seed_args

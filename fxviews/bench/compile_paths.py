@@ -27,9 +27,6 @@ COMPILED_PATHS: dict[str, tuple[dict[str, Any], bool]] = {
     "fxviews (inductor)": ({"backend": "fxviews", "options": {"inner": "inductor"}}, True),
 }
 
-#: Batch size of row 7.
-COMPILED_BATCH = 256
-
 
 def own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A function calling ``fn`` through a code object of its own.

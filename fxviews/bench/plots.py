@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fxviews.bench.compile_paths import COMPILED_BATCH
+from fxviews.bench.settings import COMPILED_BATCH
 
 __all__ = ["require_matplotlib", "write_charts"]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
 from tabulate import tabulate
 
 from fxviews.bench.settings import Table
-from fxviews.tracing import first_line
 
 #: How a note starts when the path it measures raised: the run then exits with status 1.
 FAILED = "n/a (error: "
@@ -23,7 +23,14 @@ def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
     try:
         return measure(), ""
     except Exception as err:  # noqa: BLE001 - reported in its cell, and fails the run
-        return None, f"{FAILED}{type(err).__name__}: {first_line(err)}"[:118] + ")"
+        return None, f"{FAILED}{why(err)}"[:118] + ")"
+
+
+def why(err: BaseException) -> str:
+    """``"Type: first line of the message"``, for a cell saying why a path did not run."""
+    from fxviews.tracing import first_line  # imported with the rows, not with --help
+
+    return f"{type(err).__name__}: {first_line(err)}"
 
 
 def failed_paths(tables: dict[str, Table]) -> list[str]:
@@ -78,7 +85,28 @@ def render(table: Table) -> str:
     # Columns with nothing to say in any line (an empty note) are left out of the printout.
     keys = [k for k in table[0] if any(line[k] not in ("", None) for line in table)]
     headers = [header(k) for k in keys]
-    return tabulate([[cell(k, line[k]) for k in keys] for line in table], headers=headers)
+    notes: dict[str, str] = {}  # a long note's text -> its mark, "[1]"...
+    rows = [
+        [_footnoted(line[k], notes) if k == "note" else cell(k, line[k]) for k in keys]
+        for line in table
+    ]
+    printed = tabulate(rows, headers=headers)
+    for text, mark in notes.items():
+        printed += "\n" + textwrap.fill(f"{mark} {text}", WIDTH, subsequent_indent="    ")
+    return printed
+
+
+#: The width the bench's printout keeps within.
+WIDTH = 100
+#: Notes longer than this are printed under the table, marked in their cell.
+_NOTE_IN_CELL = 40
+
+
+def _footnoted(note: str, notes: dict[str, str]) -> str:
+    """``note`` as its cell shows it: itself if short, else its mark (see :func:`render`)."""
+    if len(note) <= _NOTE_IN_CELL:
+        return note
+    return notes.setdefault(note, f"[{len(notes) + 1}]")
 
 
 def header(key: str) -> str:
@@ -139,3 +167,17 @@ SHORT_HEADERS.update(
         "aot/eager": "aot/\neager",
     }
 )
+
+#: What a column means where its header cannot say it: printed under every table that has it.
+LEGENDS = {
+    "vmap_floor_s": "floor: vmap of a function that returns its inputs, the cost every vmap "
+    "call pays whatever it computes; 'over floor' is a time minus it",
+    "share_%": "fxviews share %: the part of transform's first call spent in fxviews' own "
+    "rewrite and code generation",
+}
+
+
+def legend(table: Table) -> list[str]:
+    """The :data:`LEGENDS` lines of the columns ``table`` prints."""
+    printed = {key for line in table for key, value in line.items() if value not in ("", None)}
+    return [text for key, text in LEGENDS.items() if key in printed]

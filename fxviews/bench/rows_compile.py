@@ -12,13 +12,13 @@ import fxviews
 from fxviews.bench.cold import FirstCallCase, first_call_samples
 from fxviews.bench.compile_paths import (
     COMPILE_FUNCTIONS,
-    COMPILED_BATCH,
     COMPILED_PATHS,
     TRANSFORM_PATH,
     compiled_path_wrap,
 )
+from fxviews.bench.output import progress
 from fxviews.bench.report import measured, ratio
-from fxviews.bench.settings import Settings, Table
+from fxviews.bench.settings import COMPILED_BATCH, Settings, Table
 from fxviews.bench.timing import cpu_ratio_range, first_call_seconds, median_of, steady_cpu_seconds
 from fxviews.bench.workloads import make_push_jvp, seed_batch, transform_or_reason
 from fxviews.examples import seed_args
@@ -39,6 +39,7 @@ def bench_first_call(settings: Settings) -> Table:
     }
     results: dict[str, tuple[float | None, str]] = {}
     for path, wrap in paths.items():
+        progress.step(path)
         if wrap is None:
             results[path] = (None, skipped[path])
         else:
@@ -69,6 +70,7 @@ def bench_compile(settings: Settings) -> Table:
         return [{"function": "all", "note": "n/a (fxviews.backend missing)"}]
     table = []
     for function in COMPILE_FUNCTIONS:
+        progress.step(function)
         cases = {b: FirstCallCase("compile", b, function) for b in ("aot_eager", "fxviews")}
         measured_calls = first_call_samples(cases, settings)
         aot, fx = measured_calls["aot_eager"][0], measured_calls["fxviews"][0]

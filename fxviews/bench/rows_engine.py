@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 import fxviews
+from fxviews.bench.output import progress
 from fxviews.bench.report import ratio
 from fxviews.bench.settings import Settings, Table
 from fxviews.bench.workloads import dense_views, many_views
@@ -40,6 +41,7 @@ def bench_pass_cost(settings: Settings) -> Table:
         graphs.append(("dense_views", dense_views(settings.dense_views), dense_args, 0))
     table = []
     for name, fn, args, target in graphs:
+        progress.step(f"{name}, ~{target:,} nodes" if target else name)
         table.append(_pass_cost_of(name, fn, args, target >= 100_000, settings))
         gc.collect()  # the graphs just measured are garbage the next ones should not scan
     return table

@@ -26,15 +26,13 @@ import torch
 import fxviews
 from fxviews.bench import zoo
 from fxviews.bench.models import MODELS, build, program
-from fxviews.bench.report import ratio
-from fxviews.bench.settings import Settings, Table
+from fxviews.bench.output import progress
+from fxviews.bench.report import ratio, why
+from fxviews.bench.settings import MODELS_BATCH, Settings, Table
 from fxviews.bench.timing import FirstCall, first_call, steady_cpu_seconds
 from fxviews.torch_state import preserved_torch_state
 
 __all__ = ["MODELS_BATCH", "bench_models"]
-
-#: Samples per batch in the row (each sample an image or 16 tokens).
-MODELS_BATCH = 8
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -67,6 +65,7 @@ def _rows(settings: Settings) -> Table:
             continue
         model = build(name, image_side=side)
         for kind in MODELS[name].programs:
+            progress.step(f"{name}, {kind}")
 
             def make_fn(name: str = name, model: Any = model, kind: str = kind) -> Any:
                 return program(name, model, kind, MODELS_BATCH, side)[0]
@@ -120,6 +119,8 @@ def _measure(
 #: The measured columns of a line, in :func:`_measure`'s order (between program and note).
 _MEASURED = ("eager_first_s", "tf_first_s", "tf/eager first", "share_%", "aot/eager first",
              "tf/eager", "aot/eager")  # fmt: skip
+#: How much of the error an ``n/a`` note quotes.
+_REASON_CHARACTERS = 90
 #: The columns whose medians the last lines hold.
 _RATIOS = ("tf/eager first", "share_%", "aot/eager first", "tf/eager", "aot/eager")
 
@@ -140,10 +141,10 @@ def _first_calls(
     with preserved_torch_state():
         try:
             return [first_call(make_fn, wrap, args) for _ in range(repeats)]
-        except Exception:  # noqa: BLE001 - the path's limitation, stated in the note
-            pass
+        except Exception as err:  # noqa: BLE001 - the path's limitation, stated in the note
+            reason = why(err)
         gc.collect()
-    return "n/a"
+    return f"n/a, it cannot capture this program here ({reason[:_REASON_CHARACTERS]})"
 
 
 def _medians(table: Table) -> Table:

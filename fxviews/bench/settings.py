@@ -8,6 +8,11 @@ from typing import Any
 #: A JSON-ready table: one dict per printed line, the same keys in every dict.
 Table = list[dict[str, Any]]
 
+#: Row 7's batch (vmap of push_jvp, compiled); here so the rows' titles need no row imported.
+COMPILED_BATCH = 256
+#: Row 8's samples per batch (each sample an image or 16 tokens).
+MODELS_BATCH = 8
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -30,6 +35,7 @@ class Settings:
         "vit", "resnet", "mobilenet", "encoder", "resnet18", "mobilenet_v3_small", "vit_tiny"
     )  # fmt: skip
     zoo_image_side: int = 64  # the zoo's images in row 8 (a multiple of 16, for the ViT)
+    memory_mb: int = 256  # row 10's input: push_jvp's three tensors, this many MB in all
 
 
 QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
@@ -43,4 +49,5 @@ FULL = Settings(
     cold_compiles=5,
     big_graph_repeats=3,
     zoo_image_side=112,
+    memory_mb=1024,
 )

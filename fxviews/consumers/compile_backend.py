@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 
 from torch.fx import GraphModule
 
+from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
@@ -76,6 +76,7 @@ def backend(
         >>> record = lambda gm, example_inputs: seen.append(gm) or gm.forward
         >>> torch.compile(fn, backend=fxviews.backend(inner=record))(*args)
     """
+    check_flags("fxviews.backend", strict=strict)
     if inner == "inductor":
         return _inductor_backend(strict, decompositions, inductor_options)
     if inductor_options:
@@ -274,19 +275,14 @@ def _describe(inner: object) -> str:
     return getattr(inner, "__name__", None) or type(inner).__name__
 
 
-def _register() -> None:
-    """Make ``backend="fxviews"`` resolve, without clashing with the entry point.
+def register_backend_name() -> None:
+    """Register ``backend="fxviews"`` with Dynamo (which this imports).
 
-    When the distribution is installed, Dynamo finds ``"fxviews"`` through its
-    ``torch_dynamo_backends`` entry point and registers what it loads; that load imports this
-    module, so registering here too would make Dynamo fail with "duplicate name". Only a source
-    tree on ``sys.path`` without installed metadata needs the explicit registration.
+    An installed distribution needs no call: Dynamo finds ``"fxviews"`` through its
+    ``torch_dynamo_backends`` entry point and registers what it loads, and registering here too
+    would make it fail with "duplicate name". ``import fxviews`` calls it only for a source tree
+    on ``sys.path`` without installed metadata.
     """
-    if entry_points(group="torch_dynamo_backends", name="fxviews"):
-        return
     from fxviews.passes.torch_internals import register_backend
 
     register_backend(fxviews_backend, name="fxviews")
-
-
-_register()
