@@ -58,6 +58,7 @@ from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.as_strided_calls import refuse_negative_request
+from fxviews.passes.source_lines import NOTED_OPS, note_user_frames
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -71,6 +72,8 @@ from fxviews.passes.torch_internals import (
     disable_current_modes,
     efficient_zero_tensor,
     force_original_view_tracking,
+    get_proxy_mode,
+    get_proxy_slot,
     get_unwrapped,
     has_storage,
     is_batchedtensor,
@@ -770,6 +773,8 @@ class _TraceGuard(TorchDispatchMode):
             self._snapshot_if_foreign(written)
         out = func(*args, **kwargs)
         self._own(out)
+        if func in NOTED_OPS and isinstance(out, torch.Tensor):
+            _note_source_line(out)
         return out
 
     def _own(self, values: Any) -> None:
@@ -802,6 +807,16 @@ class _TraceGuard(TorchDispatchMode):
                 storage.copy_(saved)
         self._saved.clear()
         self._layouts.clear()
+
+
+def _note_source_line(result: torch.Tensor) -> None:
+    """Record the user's stack on the node make_fx made for ``result`` (make_fx records none
+    unless asked, and then only frames named ``forward``): messages about kept as_strided
+    nodes name the user's line."""
+    mode = get_proxy_mode()
+    traced = get_proxy_slot(result, mode.tracer, None) if mode is not None else None
+    if traced is not None:
+        note_user_frames(traced.proxy.node)
 
 
 def _storage_key(value: Any) -> int | None:

@@ -153,7 +153,9 @@ try:
     # The tracer (make_fx, fake mode since 1.13), its symbolic shapes for .item() and boolean
     # masks (ShapeEnv, 1.13) and its error on Python control flow over tensor values
     # (GuardOnDataDependentSymNode, 2.1).
-    from torch.fx.experimental.proxy_tensor import make_fx
+    # The node make_fx made for a result (the active proxy mode, and the proxy of a tensor
+    # under its tracer): the tracer notes the user's source line on as_strided nodes. 2.1.
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
@@ -399,6 +401,8 @@ BOUND_NAMES = (
     "disable_current_modes",
     "is_impure",
     "make_fx",
+    "get_proxy_mode",
+    "get_proxy_slot",
     "GuardOnDataDependentSymNode",
     "ShapeEnv",
     "PassBase",

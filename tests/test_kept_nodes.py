@@ -176,3 +176,17 @@ def test_the_guard_reads_each_samples_layout_through_nested_vmaps(outer, inner):
     assert seen[0].sizes == tuple(t.shape[d] for d in dims)
     assert seen[0].strides == tuple(t.stride(d) for d in dims)
     assert per_sample_geometry(t) is None
+
+
+def _reads_past_a_detached_view(x):
+    return x[:2].detach().as_strided((5,), (1,)) * 1  # LINE: past
+
+
+def test_fake_mode_traces_name_the_source_line_too():
+    """trace/explain (make_fx in fake mode) record the user's line on as_strided nodes: the
+    kept record and strict mode's error name it."""
+    where = f"test_kept_nodes.py:{_line_of(_reads_past_a_detached_view, 'past')}"
+    [record] = fxviews.explain(_reads_past_a_detached_view, torch.randn(6)).records
+    assert record.method == "kept" and where in record.source
+    with pytest.raises(fxviews.UnsafeAsStridedError, match=where):
+        fxviews.explain(_reads_past_a_detached_view, torch.randn(6), strict=True)
