@@ -50,6 +50,7 @@ from torch.overrides import TorchFunctionMode
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.layout_truth import REAL_LAYOUTS
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -181,6 +182,7 @@ def capture(
             try:
                 gm = _record_on_a_sample(call, args)
                 gm.meta[TRACED_WITH] = RECORDED
+                gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
                 logger.debug("fxviews: %s is traced in fake mode: %s", name, first_line(err))
