@@ -27,13 +27,14 @@ fake strides against real ones:
    arguments' layouts and values, so a graph pays once per distinct call, and a retrace or
    another graph with the same calls pays nothing. Random ops run with the random state
    restored afterwards.
-4. **The verdict.** An as_strided-family node whose input's (or, for ``as_strided_scatter``,
-   whose ``src``'s; for the copying variants, whose own) recorded layout is not eager's is
-   kept, with a reason naming the op whose fake layout disagrees and both layouts; its
-   ``meta[LAYOUT_DOUBT]`` says so to later steps (pinning must not force the fake layout on
-   its memory). Where the eager layout cannot be computed (an op that is not aten's, prims' or
-   a torch function, a higher-order op, a kernel that fails on zeros) the node is kept too,
-   saying why: a layout that could not be checked is not proven.
+4. **The verdict.** An as_strided-family node whose input's recorded layout (for the
+   copying variants, or its own) is not eager's is kept, with a reason naming the op whose
+   traced layout disagrees and both layouts; its ``meta[LAYOUT_DOUBT]`` says so to later
+   steps (pinning must not force the traced layout on its memory). A scatter's ``src`` is
+   read by its logical values, so its layout is not a fact the proof uses. Where the eager
+   layout cannot be computed (an op that is not aten's, prims' or a torch function, a
+   higher-order op, a kernel that fails on zeros) the node is kept too, saying why: a layout
+   that could not be checked is not proven.
 
 Only the layouts are compared (sizes, strides of dims of size > 1, storage offset), never
 values. With symbolic shapes the check runs at the trace-time sizes (the symbols' hints): a
@@ -47,7 +48,7 @@ Example::
 
     >>> truth = LayoutTruth(gm)   # roll(x) of a channels_last x, then as_strided(roll, ...)
     >>> truth.doubts([as_strided_node])[as_strided_node]
-    "the layout traced for its input 'roll' is not eager PyTorch's: aten.roll ..."
+    "its input 'roll' has a traced layout that is not eager PyTorch's: roll ('roll') is ..."
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class LayoutTruth:
     Example::
 
         >>> LayoutTruth(gm).doubts(as_strided_nodes)
-        {as_strided: "the layout traced for its input 'roll' is not eager PyTorch's: ..."}
+        {as_strided: "its input 'roll' has a traced layout that is not eager PyTorch's: ..."}
     """
 
     def __init__(self, graph_module: torch.fx.GraphModule) -> None:
@@ -190,7 +191,7 @@ class LayoutTruth:
 
     def _argument(self, node: torch.fx.Node) -> Any:
         """A node's value as a kernel argument: a _Spec for a tensor, a hint for a SymInt."""
-        val = node.meta.get("val")
+        val = _value(node)
         if isinstance(val, torch.Tensor):
             eager = self._eager.get(node)
             if not isinstance(eager, Geometry):
@@ -212,27 +213,26 @@ class LayoutTruth:
             eager = self._eager[source]
             if isinstance(eager, _Unchecked):
                 return (
-                    f"the layout traced for its input {source.name!r} could not be checked "
+                    f"its input {source.name!r} has a traced layout that could not be checked "
                     f"against eager PyTorch's: {eager.reason}"
                 )
             if source in self._origin:
                 return (
-                    f"the layout traced for its input {source.name!r} is not eager PyTorch's: "
-                    f"{self._disagreement(self._origin[source])}"
+                    f"its input {source.name!r} has a traced layout that is not eager "
+                    f"PyTorch's: {self._disagreement(self._origin[source])}"
                 )
         if as_strided_op(node) in _OWN_LAYOUT_READ:
             if isinstance(self._eager[node], _Unchecked):
                 return f"its own layout could not be checked: {self._eager[node].reason}"
             if node in self._origin:
-                return f"its own traced layout is not eager PyTorch's: {self._disagreement(node)}"
+                return f"its traced layout is not eager PyTorch's: {self._disagreement(node)}"
         return None
 
     def _disagreement(self, origin: torch.fx.Node) -> str:
         traced, eager = _traced_layouts(origin), self._eager[origin]
         return (
-            f"{op_name(origin.target)} ({origin.name!r}) has the layout {_describe(traced)} "
-            f"in the trace (its fake kernel) and {_describe(eager)} when its eager kernel runs "
-            "on the traced inputs"
+            f"{op_name(origin.target)} ({origin.name!r}) is traced as {_describe(traced)}, "
+            f"its eager kernel gives {_describe(eager)}"
         )
 
 
@@ -241,9 +241,10 @@ class _NotRunnable(Exception):
 
 
 def _read_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The tensors whose traced layouts an as_strided-family node is proven against."""
-    bound = bind_as_strided(node)
-    return [bound[k] for k in ("self", "src") if isinstance(bound.get(k), torch.fx.Node)]
+    """The tensor whose traced layout an as_strided-family node is proven against: its input
+    (a scatter's ``src`` is read by its logical values: its layout means nothing to it)."""
+    source = bind_as_strided(node)["self"]
+    return [source] if isinstance(source, torch.fx.Node) else []
 
 
 def _inputs_of(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -251,8 +252,20 @@ def _inputs_of(node: torch.fx.Node) -> list[torch.fx.Node]:
     return [a for a in argument_nodes((node.args, node.kwargs)) if _has_tensors(a)]
 
 
+def _value(node: torch.fx.Node) -> Any:
+    """``node``'s traced value; for a constant without one, the tensor the module holds."""
+    val = node.meta.get("val")
+    module = node.graph.owning_module
+    if val is None and node.op == "get_attr" and module is not None:
+        owner: Any = module
+        for name in str(node.target).split("."):
+            owner = getattr(owner, name, None)
+        return owner
+    return val
+
+
 def _has_tensors(node: torch.fx.Node) -> bool:
-    return any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta.get("val")))
+    return any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(_value(node)))
 
 
 def _runnable(node: torch.fx.Node) -> Any:
@@ -320,7 +333,7 @@ def _layout_of(value: Any) -> Geometry | None:
 def _traced_layouts(node: torch.fx.Node) -> Any:
     """The layouts ``node``'s ``meta["val"]`` records (a pytree of Geometry | None), at the
     symbols' trace-time values; _Unchecked where a tensor's layout has no such value."""
-    val = node.meta.get("val")
+    val = _value(node)
     try:
         return pytree.tree_map(_hinted_layout, val)
     except _NotRunnable as err:
@@ -377,15 +390,11 @@ def _same_layouts(eager: Any, traced: Any) -> bool:
 
 
 def _describe(layouts: Any) -> str:
-    leaves = [
-        g
-        for g in pytree.tree_leaves(layouts, is_leaf=lambda v: isinstance(v, Geometry))
-        if isinstance(g, Geometry)
-    ]
-    if len(leaves) == 1:
-        g = leaves[0]
-        return f"strides {list(g.strides)}, offset {g.offset} (sizes {list(g.sizes)})"
-    return "; ".join(f"strides {list(g.strides)}, offset {g.offset}" for g in leaves)
+    """``strides [50, 10, 5, 1] at offset 0`` (the sizes agree: only layouts differ)."""
+    leaves = pytree.tree_leaves(layouts, is_leaf=lambda v: isinstance(v, Geometry))
+    return "; ".join(
+        f"strides {list(g.strides)} at offset {g.offset}" for g in leaves if isinstance(g, Geometry)
+    )
 
 
 @contextlib.contextmanager
@@ -394,7 +403,7 @@ def _quiet_and_seeded(nodes: Iterable[torch.fx.Node]) -> Iterator[None]:
     devices = {
         v.device.index or 0
         for n in nodes
-        for v in pytree.tree_leaves(n.meta.get("val"))
+        for v in pytree.tree_leaves(_value(n))
         if isinstance(v, torch.Tensor) and v.device.type == "cuda"
     }
     with torch.random.fork_rng(devices=sorted(devices)), warnings.catch_warnings():

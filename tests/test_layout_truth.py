@@ -300,3 +300,79 @@ def test_the_issue_example_through_the_backend() -> None:
         assert record.method == "kept" and "roll" in record.reason
         [node] = as_strided_nodes(gm)
         assert LAYOUT_DOUBT not in node.meta  # rewrite works on a copy: the caller's graph stays
+
+
+# --- the check's own behaviour, on small graphs ----------------------------------------------
+
+
+def _channels_last_roll(x: torch.Tensor) -> torch.Tensor:
+    return torch.roll(x.contiguous(memory_format=torch.channels_last), shifts=-1, dims=0)
+
+
+def _window(t: torch.Tensor) -> torch.Tensor:
+    return t.as_strided((5, 10), (4, 1), 0)
+
+
+def _roll_disagrees() -> bool:
+    return _layouts_differ(_roll_case())
+
+
+def test_a_difference_an_op_absorbs_is_no_doubt() -> None:
+    """roll's wrong traced layout, then a contiguous clone: the window reads the clone, whose
+    traced layout is eager's, so it is rewritten (and right)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return _window(_channels_last_roll(x).clone(memory_format=torch.contiguous_format))
+
+    x = torch.randn(2, 5, 2, 5)
+    result = fxviews.explain(fn, x)
+    assert [r.method for r in result.records] == ["synthesized"]
+    torch.testing.assert_close(result.graph_module(x), fn(x))
+
+
+def test_an_op_that_cannot_run_leaves_the_layout_unchecked_and_the_node_kept() -> None:
+    with torch.library._scoped_library("fxviews_layout_truth_test", "FRAGMENT") as library:
+        library.define("twice(Tensor x) -> Tensor")
+        library.impl("twice", lambda t: t * 2, "CompositeExplicitAutograd")
+        library._register_fake("twice", lambda t: torch.empty_like(t))
+        twice = torch.ops.fxviews_layout_truth_test.twice.default
+        x = torch.randn(2, 5, 2, 5)
+        result = fxviews.explain(lambda x: _window(twice(x)), x)
+        [record] = result.records
+        assert record.method == "kept" and "could not be checked" in record.reason
+        assert "twice" in record.reason
+        torch.testing.assert_close(result.graph_module(x), _window(twice(x)))
+
+
+def test_constants_and_random_ops_on_the_path() -> None:
+    """A closed-over constant's layout is its own; a random op on the path runs with the
+    random state restored (the check draws nothing the program would)."""
+    bias = torch.randn(5, 2, 5).contiguous(memory_format=torch.contiguous_format)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        noisy = torch.nn.functional.dropout(x + bias, p=0.5, training=True)
+        return _window(torch.roll(noisy.contiguous(memory_format=torch.channels_last), -1, 0))
+
+    x = torch.randn(2, 5, 2, 5)
+    gm = fxviews.trace(fn, x)
+    state = torch.get_rng_state()
+    result = fxviews.rewrite(gm)
+    assert torch.equal(torch.get_rng_state(), state)
+    [record] = result.records
+    if _roll_disagrees():
+        assert record.method == "kept" and "roll" in record.reason
+    with torch.random.fork_rng():
+        expected = fn(x)
+    torch.testing.assert_close(result.graph_module(x), expected)
+
+
+def test_agreeing_layouts_change_nothing() -> None:
+    """The same program on a contiguous input: roll's layouts agree, the node is rewritten."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return _window(torch.roll(x, shifts=-1, dims=0))
+
+    x = torch.randn(2, 5, 2, 5)
+    result = fxviews.explain(fn, x)
+    assert [r.method for r in result.records] == ["synthesized"]
+    torch.testing.assert_close(result.graph_module(x), fn(x))
