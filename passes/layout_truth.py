@@ -22,7 +22,10 @@ fake strides against real ones:
    values), and its result's layout is read. A node whose eager layout equals its recorded one
    (:func:`~.geometry.equivalent`) agrees; one that differs while its arguments agree is the
    *origin* of the disagreement; a difference its consumer absorbs (a ``clone`` to contiguous)
-   stops there.
+   stops there. A view op of inputs that agree is not run: view kernels compute their
+   layouts with one implementation for meta and eager tensors (the engine's own chain
+   verification on meta tensors stands on the same fact), and the sweep in
+   ``tests/test_layout_truth.py`` finds no view op that disagrees.
 3. **Once per (op, geometry).** Each run is cached process-wide under the op and its
    arguments' layouts and values, so a graph pays once per distinct call, and a retrace or
    another graph with the same calls pays nothing. Random ops run with the random state
@@ -69,6 +72,7 @@ from . import torch_internals as internals
 from .as_strided_calls import as_strided_op, bind_as_strided
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
+from .op_tables import is_view_op
 from .torch_internals import OpOverload, pytree
 
 aten = torch.ops.aten
@@ -83,6 +87,8 @@ LAYOUT_DOUBT = "fxviews_layout_doubt"
 #: Namespaces whose ops run on fresh tensors without effects beyond their outputs and their
 #: written arguments (collectives, custom ops and higher-order ops may not).
 _RUNNABLE_NAMESPACES = ("aten", "prims")
+#: Nodes whose recorded layout is the caller's: graph inputs and constants.
+_TRUSTED = ("placeholder", "get_attr")
 #: Variants whose own output layout the engine reads (a copy, a scatter's output).
 _OWN_LAYOUT_READ = (aten.as_strided_copy.default, aten.as_strided_scatter.default)
 #: How many distinct eager runs the process keeps (each entry is a few small tuples).
@@ -137,20 +143,22 @@ class LayoutTruth:
         layouts (only the doubted ones); each also gets ``meta[LAYOUT_DOUBT]``."""
         if self.trusted or not nodes:
             return {}
-        self._compute(nodes)
+        sources = {node: _source(node) for node in nodes}
+        self._compute(sources)
         found = {}
-        for node in nodes:
-            reason = self._doubt(node)
+        for node, source in sources.items():
+            reason = self._doubt(node, source)
             if reason is not None:
                 node.meta[LAYOUT_DOUBT] = reason
                 found[node] = reason
         return found
 
-    def _compute(self, nodes: Sequence[torch.fx.Node]) -> None:
-        """Eager layouts of every node the as_strided ``nodes`` read, in graph order."""
+    def _compute(self, sources: dict[torch.fx.Node, torch.fx.Node | None]) -> None:
+        """Eager layouts of every node the as_strided nodes (with their ``sources``) read, in
+        graph order."""
         needed: set[torch.fx.Node] = set()
-        todo = [n for node in nodes for n in _read_nodes(node)]
-        todo += [n for n in nodes if as_strided_op(n) in _OWN_LAYOUT_READ]
+        todo = [source for source in sources.values() if source is not None]
+        todo += [n for n in sources if as_strided_op(n) in _OWN_LAYOUT_READ]
         while todo:
             node = todo.pop()
             if node not in needed:
@@ -158,15 +166,16 @@ class LayoutTruth:
                 todo.extend(_inputs_of(node))
         if not needed:
             return
-        graph = nodes[0].graph
+        graph = next(iter(sources)).graph
         with _quiet_and_seeded(needed):
             for node in graph.nodes:
                 if node in needed:
                     self._eager[node] = self._eager_layouts(node)
-                    self._note_origin(node)
+                    if node.op not in _TRUSTED:
+                        self._note_origin(node)
 
     def _eager_layouts(self, node: torch.fx.Node) -> Any:
-        if node.op in ("placeholder", "get_attr"):
+        if node.op in _TRUSTED:
             return _traced_layouts(node)  # the caller's (see Note, 1)
         if node.target is operator.getitem and node.op == "call_function":
             parent, index = node.args
@@ -180,9 +189,12 @@ class LayoutTruth:
         run = _runnable(node)
         if isinstance(run, _Unchecked):
             return run
-        for argument in _inputs_of(node):
+        arguments = _inputs_of(node)
+        for argument in arguments:
             if isinstance(self._eager[argument], _Unchecked):
                 return self._eager[argument]
+        if is_view_op(run) and not any(a in self._origin for a in arguments):
+            return _traced_layouts(node)  # a view of agreeing inputs (see Note, 2)
         try:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self._argument)
         except _NotRunnable as err:
@@ -208,8 +220,8 @@ class LayoutTruth:
         upstream = [a for a in _inputs_of(node) if a in self._origin]
         self._origin[node] = self._origin[upstream[0]] if upstream else node
 
-    def _doubt(self, node: torch.fx.Node) -> str | None:
-        for source in _read_nodes(node):
+    def _doubt(self, node: torch.fx.Node, source: torch.fx.Node | None) -> str | None:
+        if source is not None:
             eager = self._eager[source]
             if isinstance(eager, _Unchecked):
                 return (
@@ -240,11 +252,11 @@ class _NotRunnable(Exception):
     """A node's arguments cannot all be made for an eager run."""
 
 
-def _read_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+def _source(node: torch.fx.Node) -> torch.fx.Node | None:
     """The tensor whose traced layout an as_strided-family node is proven against: its input
     (a scatter's ``src`` is read by its logical values: its layout means nothing to it)."""
     source = bind_as_strided(node)["self"]
-    return [source] if isinstance(source, torch.fx.Node) else []
+    return source if isinstance(source, torch.fx.Node) else None
 
 
 def _inputs_of(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -335,6 +347,8 @@ def _traced_layouts(node: torch.fx.Node) -> Any:
     symbols' trace-time values; _Unchecked where a tensor's layout has no such value."""
     val = _value(node)
     try:
+        if isinstance(val, torch.Tensor):  # most nodes: no pytree walk
+            return _hinted_layout(val)
         return pytree.tree_map(_hinted_layout, val)
     except _NotRunnable as err:
         return _Unchecked(f"{node.name!r}: {err}")
@@ -378,6 +392,8 @@ def _hinted(value: Any) -> Any:
 def _same_layouts(eager: Any, traced: Any) -> bool:
     if isinstance(traced, _Unchecked):
         return False
+    if isinstance(eager, Geometry) and isinstance(traced, Geometry):
+        return equivalent(eager, traced)
     eager_leaves = pytree.tree_leaves(eager, is_leaf=lambda v: isinstance(v, Geometry))
     traced_leaves = pytree.tree_leaves(traced, is_leaf=lambda v: isinstance(v, Geometry))
     if len(eager_leaves) != len(traced_leaves):
