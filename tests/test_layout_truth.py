@@ -380,3 +380,21 @@ def test_agreeing_layouts_change_nothing() -> None:
     result = fxviews.explain(fn, x)
     assert [r.method for r in result.records] == ["synthesized"]
     torch.testing.assert_close(result.graph_module(x), fn(x))
+
+
+class _RollWindow(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.roll(-1, 0).as_strided((5, 10), (4, 1), 0)  # a method call: call_method
+
+
+def test_a_symbolic_trace_with_example_inputs_runs_torch_level_calls() -> None:
+    """``rewrite(gm, example_inputs=...)`` of a ``torch.fx.symbolic_trace`` graph: its layouts
+    come from FakeTensorProp, and its calls are torch functions and methods."""
+    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    module = _RollWindow()
+    gm = torch.fx.symbolic_trace(module)
+    result = fxviews.rewrite(gm, example_inputs=[x])
+    torch.testing.assert_close(result.graph_module(x), module(x))
+    if _roll_disagrees():
+        [record] = result.records
+        assert record.method == "kept" and "roll" in record.reason
