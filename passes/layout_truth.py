@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -120,6 +121,8 @@ class _Spec:
 #: (op, arguments with tensors as _Spec) -> the result's layouts (a pytree of Geometry | None),
 #: or the _Unchecked of a kernel that failed. Process-wide, least recently used out.
 _EAGER_RUNS: OrderedDict[Any, Any] = OrderedDict()
+#: Rewrites may run in several threads at once (``fxviews.rewrite`` takes no lock).
+_EAGER_RUNS_LOCK = threading.Lock()
 
 
 class LayoutTruth:
@@ -291,8 +294,18 @@ def _runnable(node: torch.fx.Node) -> Any:
     if node.op == "call_function" and module.split(".")[0] in ("torch", "_operator"):
         return target  # a torch function or a Python operator (symbolic_trace graphs)
     if node.op == "call_method" and isinstance(target, str):
-        return operator.methodcaller(target)  # unbound: applied to the tensor argument
+        return _Method(target)
     return _Unchecked(f"{node.name!r} ({node.op} {target}) has no eager kernel to run for it")
+
+
+@dataclass(frozen=True)
+class _Method:
+    """A ``call_method`` node's call: the method ``name`` of its first argument."""
+
+    name: str
+
+    def __call__(self, owner: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(owner, self.name)(*args, **kwargs)
 
 
 def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
@@ -302,17 +315,16 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
         hash(key)
     except TypeError:  # an argument without a hashable form: run, do not cache
         key = None
-    if key is not None and key in _EAGER_RUNS:
-        _EAGER_RUNS.move_to_end(key)
-        return _EAGER_RUNS[key]
+    if key is not None:
+        with _EAGER_RUNS_LOCK:
+            if key in _EAGER_RUNS:
+                _EAGER_RUNS.move_to_end(key)
+                return _EAGER_RUNS[key]
     real_args, real_kwargs = pytree.tree_map(
         lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
     )
     try:
-        if isinstance(run, operator.methodcaller):
-            out = run(real_args[0], *real_args[1:], **real_kwargs)
-        else:
-            out = run(*real_args, **real_kwargs)
+        out = run(*real_args, **real_kwargs)
         result = pytree.tree_map(_layout_of, out)
     except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -321,9 +333,10 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
             f"traced layouts ({type(err).__name__}: {first})"
         )
     if key is not None:
-        _EAGER_RUNS[key] = result
-        if len(_EAGER_RUNS) > _CACHE_SIZE:
-            _EAGER_RUNS.popitem(last=False)
+        with _EAGER_RUNS_LOCK:
+            _EAGER_RUNS[key] = result
+            if len(_EAGER_RUNS) > _CACHE_SIZE:
+                _EAGER_RUNS.popitem(last=False)
     return result
 
 
