@@ -302,6 +302,9 @@ def test_the_issue_example_through_the_backend() -> None:
     if _layouts_differ(_roll_case()):
         [record] = result.records
         assert record.method == "kept" and "roll ('roll') is traced as" in record.reason
+        # Pinning would give roll's memory its traced (contiguous) layout: it leaves it alone.
+        [pin] = result.pin_records
+        assert pin.method == "kept" and "is traced as" in pin.reason
         [node] = as_strided_nodes(gm)
         assert LAYOUT_DOUBT not in node.meta  # rewrite works on a copy: the caller's graph stays
 
