@@ -198,20 +198,28 @@ class LayoutTruth:
                 return self._eager[argument]
         if is_view_op(run) and not any(a in self._origin for a in arguments):
             return _traced_layouts(node)  # a view of agreeing inputs (see Note, 2)
+        # Only an as_strided reads past its input, into the rest of the storage: anything else
+        # gets a storage its input's elements span, not the whole buffer it views.
+        whole = as_strided_op(node) is not None
         try:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self._argument)
+            args, kwargs = torch.fx.node.map_arg(
+                (node.args, node.kwargs), lambda a: self._argument(a, whole)
+            )
         except _NotRunnable as err:
             return _Unchecked(f"{node.name!r}: {err}")
         return _run_cached(node, run, args, kwargs)
 
-    def _argument(self, node: torch.fx.Node) -> Any:
-        """A node's value as a kernel argument: a _Spec for a tensor, a hint for a SymInt."""
+    def _argument(self, node: torch.fx.Node, whole_storage: bool) -> Any:
+        """A node's value as a kernel argument: a _Spec for a tensor (over the traced storage's
+        size if ``whole_storage``), a hint for a SymInt."""
         val = _value(node)
         if isinstance(val, torch.Tensor):
             eager = self._eager.get(node)
             if not isinstance(eager, Geometry):
                 raise _NotRunnable(f"its argument {node.name!r} has no eager layout")
-            storage = max(eager.storage_extent(), _storage_elements(val))
+            storage = eager.storage_extent()
+            if whole_storage:
+                storage = max(storage, _storage_elements(val))
             return _Spec(val.dtype, val.device, eager, storage)
         return _hinted(val)
 
