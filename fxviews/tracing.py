@@ -58,6 +58,7 @@ from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.as_strided_calls import refuse_negative_request
+from fxviews.passes.layout_truth import REAL_LAYOUTS
 from fxviews.passes.source_lines import NOTED_OPS, note_user_frames
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
@@ -269,6 +270,7 @@ def capture(
             try:
                 gm = _record_on_a_sample(call, args)
                 gm.meta[TRACED_WITH] = RECORDED
+                gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
                 if raised_by_user_code(err):

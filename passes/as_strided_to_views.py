@@ -72,6 +72,7 @@ from .example_inputs import check_example_inputs, ensure_metadata
 from .exposing_bases import exposing_bases
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
+from .layout_truth import LayoutTruth
 from .op_tables import METADATA_MUTATIONS
 from .opsets import Opset, as_opset, chain_for_opset
 from .provenance import ViewIndex, node_geometry
@@ -115,6 +116,9 @@ class _GraphContext:
     layout_mutators: dict[torch.fx.Node, list[torch.fx.Node]]
     opset: Opset
     functional: bool  # no node writes a tensor in place: a copy cannot be told from a view
+    #: Why a node's traced input layout is not eager PyTorch's (Note [Layouts are facts to
+    #: check]): such a node is kept.
+    layout_doubts: dict[torch.fx.Node, str]
 
     def layout_mutation(self, node: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node | None:
         """A user of ``source`` other than ``node`` that changes its layout in place, or None.
@@ -271,6 +275,7 @@ class AsStridedToViews(RecordingPass):
             opset=self.opset,
             functional=self.opset is Opset.ATEN
             or not any(written_arguments(n) for n in graph.nodes),
+            layout_doubts=LayoutTruth(graph_module).doubts(nodes),
         )
         records = []
         for node in nodes:
@@ -330,6 +335,8 @@ class AsStridedToViews(RecordingPass):
                 f"the input's layout changes in place at {mutation.name!r}, so "
                 "its trace-time layout is ambiguous",
             )
+        if node in context.layout_doubts:
+            return _kept(call, context.layout_doubts[node])
         unwritten = ""  # why the first verified chain has no form in the opset
         for method, view_chain, chosen in _candidates(call, context):
             if not chosen.verifies(view_chain):

@@ -71,6 +71,7 @@ from .graph_edits import (
     tensor_val,
     traced_tensor,
 )
+from .layout_truth import LAYOUT_DOUBT
 from .op_tables import AS_STRIDED_OPS
 from .records import Record, RecordedPassResult, RecordingPass, RecordKind
 from .source_lines import source_line
@@ -275,6 +276,8 @@ def _plan_node(
     source = node.args[0]
     if node.target in VMAP_REFUSES:
         return _kept(node, before, f"{why}; {VMAP_REFUSES[node.target]}"), []
+    if LAYOUT_DOUBT in node.meta:  # pinning would give its memory the layout eager lacks
+        return _kept(node, before, f"{why}; {node.meta[LAYOUT_DOUBT]}"), []
     if not isinstance(source, torch.fx.Node):
         return _kept(node, before, f"{why}; its input is not a graph value"), []
     reason = _unfollowable(analysis.ancestry(source))
