@@ -61,6 +61,8 @@ _HEADERS = ("node", "before", "after", "method")
 _COLUMN_GAP = 2
 # How each record's reason starts, on its own line(s) under its row.
 _REASON = "reason: "
+#: Under the reason: where the node came from in the user's code, padded to the reason's indent.
+_SOURCE = "at:".ljust(len(_REASON))
 # Where table cells may break: after a comma, an opening parenthesis or a space. Each match is
 # one token, ending where a line may end.
 _BREAK = re.compile(r"[^\s,(]*(?:,\s*|\(|\s+|$)")
@@ -117,7 +119,8 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
 
     The columns are the node, its code before and after, and the method; the reason, often a
     sentence, gets a line of its own under the row (``reason:``), as wide as the table, so it
-    reads as prose instead of a narrow column.
+    reads as prose instead of a narrow column, and so does the user's source line that made the
+    node where the trace recorded one (``at:``).
 
     Example::
 
@@ -128,7 +131,7 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
         as_strided  as_strided(t, [6], [1], 0)  select(t, 0, 0)  provenance
                     reason: twin view
     """
-    rows = [[_node_cell(r), r.before, r.after, r.method] for r in records]
+    rows = [[r.node, r.before, r.after, r.method] for r in records]
     natural = [max([len(header)] + [_widest_line(row[i]) for row in rows]) for i, header in
                enumerate(_HEADERS)]  # fmt: skip
     node, before, after, method = natural
@@ -148,14 +151,13 @@ def format_table(records: Sequence[Record], *, width: int = DEFAULT_WIDTH) -> st
         cells = [_wrap_cell(c, w).splitlines() or [""] for c, w in zip(row, widths, strict=True)]
         for i in range(max(len(cell) for cell in cells)):
             lines.append(_joined([cell[i] if i < len(cell) else "" for cell in cells], widths))
-        reason = _wrap_tokens(f"{_REASON}{record.reason}", width - len(indent), " " * len(_REASON))
-        lines += [indent + line for line in reason]
+        notes = [f"{_REASON}{record.reason}"]
+        if record.source is not None:
+            notes.append(f"{_SOURCE}{record.source}")
+        for note in notes:
+            wrapped = _wrap_tokens(note, width - len(indent), " " * len(_REASON))
+            lines += [indent + line for line in wrapped]
     return "\n".join(lines)
-
-
-def _node_cell(record: Record) -> str:
-    """The node's name, and below it the user's source line that made it, if recorded."""
-    return record.node if record.source is None else f"{record.node}\n{record.source}"
 
 
 def _joined(cells: Sequence[str], widths: Sequence[int]) -> str:
@@ -292,7 +294,7 @@ def report_rewrite(
         logger.debug(
             "%s: %s: %s -> %s [%s] %s",
             source,
-            _node_cell(record).replace("\n", " at "),
+            record.node if record.source is None else f"{record.node} at {record.source}",
             record.before,
             record.after,
             record.method,

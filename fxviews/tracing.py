@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dis
-import functools
 import inspect
 import logging
 import threading
@@ -57,9 +56,7 @@ from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
-from fxviews.passes.as_strided_calls import refuse_negative_request
 from fxviews.passes.layout_truth import REAL_LAYOUTS
-from fxviews.passes.source_lines import NOTED_OPS, note_user_frames
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -67,27 +64,19 @@ from fxviews.passes.torch_internals import (
     FakeTensorDeviceMismatchError,
     FakeTensorMode,
     GuardOnDataDependentSymNode,
-    OpOverload,
     ShapeEnv,
-    TorchDispatchMode,
-    disable_current_modes,
-    efficient_zero_tensor,
     force_original_view_tracking,
-    get_proxy_mode,
-    get_proxy_slot,
     get_unwrapped,
-    has_storage,
     is_batchedtensor,
     is_functorch_wrapped_tensor,
-    is_zerotensor,
     make_fx,
     maybe_get_bdim,
-    op_schema,
     pytree,
 )
 from fxviews.printouts import FAKE_MODE, RECORDED
-from fxviews.recording import ReadsMemory, reads_values_into_shape, record
+from fxviews.recording import ReadsMemory, record
 from fxviews.torch_state import preserved_torch_state
+from fxviews.trace_guard import ConstantRead, DataDependentOp, TraceGuard, traced_under_guard
 
 __all__ = [
     "EAGER_CAUSES",
@@ -281,8 +270,10 @@ def capture(
         fake_args = _fake_examples(args, mode, fresh)
         try:
             with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
-                guard = _TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=True)
-                gm = _traced_under_guard(lambda f: _make_fx(f, "fake")(*fake_args), call, guard)
+                # A graph transform caches must not bake in a closed-over tensor's value;
+                # trace and explain give the graph of this call, values included, as make_fx.
+                guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
+                gm = traced_under_guard(lambda f: _make_fx(f, "fake")(*fake_args), call, guard)
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
@@ -343,10 +334,10 @@ def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.
     """Step 0 of the Note: record ``call`` on one sample's real values (Note [Recording a real
     trace]); random state and closed-over tensors are left as they were."""
     real_args = _real_examples(args, fresh=True)
-    guard = _TraceGuard(real_args, dense_zero_tangents=True)
+    guard = TraceGuard(real_args, dense_zero_tangents=True)
     values = exact_fake_mode(allow_non_fake_inputs=True)
     with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
-        return _traced_under_guard(lambda f: record(f, real_args, values), call, guard)
+        return traced_under_guard(lambda f: record(f, real_args, values), call, guard)
 
 
 def _make_fx(
@@ -426,7 +417,7 @@ def _view_replay(enabled: bool) -> Iterator[None]:
 # batch_norm_jvp, group_norm_jvp) fails with "Expected all tensors to be on the same device
 # ... meta and cpu", or records ``_to_copy(device=meta)`` nodes the graph would return.
 #
-# While tracing in fake mode, ``_TraceGuard`` answers ``_efficientzerotensor`` with
+# While tracing in fake mode, ``TraceGuard`` answers ``_efficientzerotensor`` with
 # ``aten.zeros`` of the same size, dtype and device: the same values, as an ordinary tensor
 # whose views go through fake mode. The formulas test ``_is_zerotensor()`` only to skip work,
 # and take their out-of-place path on fakes anyway (they are tensor-subclass-like), so the
@@ -512,7 +503,7 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
             f"for every value. ({first_line(err)})",
             "data-dependent shape",
         ) from err
-    if isinstance(err, _ConstantRead):
+    if isinstance(err, ConstantRead):
         raise TracingError(
             f"{prefix}: {err}; eager PyTorch reads it again on every call, a graph would bake "
             f"in this call's value.",
@@ -576,15 +567,6 @@ def _is_fake_mode_limitation(err: Exception) -> bool:
 # --- real mode -------------------------------------------------------------------------------
 
 
-class _DataDependentOp(RuntimeError):
-    """A real-mode trace met an op whose result depends on tensor values."""
-
-
-class _ConstantRead(RuntimeError):
-    """A fake-mode trace read the value of a real tensor the function closes over (``.item()``
-    of a buffer, as BatchNorm with ``momentum=None`` does of ``num_batches_tracked``)."""
-
-
 def _capture_real(
     call: Callable[..., Any],
     args: Sequence[Any],
@@ -597,11 +579,11 @@ def _capture_real(
 ) -> torch.fx.GraphModule:
     """make_fx in real mode on real copies of ``args``; exact layouts recomputed afterwards."""
     real_args = _real_examples(args, fresh)
-    guard = _TraceGuard(real_args, refuse_data_dependent=True)
+    guard = TraceGuard(real_args, refuse_data_dependent=True)
     try:
         with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
-            gm = _traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
-    except _DataDependentOp as err:
+            gm = traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
+    except DataDependentOp as err:
         raise TracingError(
             f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
             f"tensor values in a way one graph cannot capture. (Fake mode had failed first: "
@@ -689,193 +671,6 @@ def _cuda_devices(args: Sequence[Any]) -> list[int]:
     return sorted(devices)
 
 
-def _traced_under_guard(
-    tracer: Callable[[Callable[..., Any]], torch.fx.GraphModule],
-    call: Callable[..., Any],
-    guard: _TraceGuard,
-) -> torch.fx.GraphModule:
-    """``tracer`` applied to ``call`` run with ``guard`` active inside the trace; foreign
-    writes undone in any case.
-
-    Example::
-
-        >>> _traced_under_guard(lambda f: make_fx(f)(x), fn, _TraceGuard([x]))
-    """
-
-    # wraps: make_fx names the graph's inputs after the innermost wrapped function's parameters.
-    @functools.wraps(call)
-    def guarded(*inputs: Any) -> Any:
-        with guard:
-            return call(*inputs)
-
-    try:
-        return tracer(guarded)
-    finally:
-        guard.restore_foreign_writes()
-
-
-class _TraceGuard(TorchDispatchMode):
-    """Runs inside a trace: undoes writes to foreign tensors, refuses data-dependent ops.
-
-    Tracing executes ``fn``: a recording runs every op for real, and make_fx runs ops on real
-    tensors even in fake mode when all their inputs are real constants (a closed-over buffer, a
-    KV cache). Such writes would happen once at trace time and again whenever the graph runs
-    (BatchNorm's running statistics updated twice by a first call), so the first time an op
-    may write a storage the trace did not create, the guard snapshots it, and
-    :meth:`restore_foreign_writes` puts the bytes back. Which arguments an op may write is read
-    from its schema (every argument annotated ``Tensor(a!)``, not only ``self`` and ``out``),
-    and, where schemas are silent, assumed of every tensor that does not require grad:
-    ``native_batch_norm`` updates ``running_mean`` and ``running_var``, which its schema does
-    not annotate, and a kernel cannot write a tensor that requires grad behind autograd's back
-    without breaking it. Snapshots cost one copy of the buffers and plain tensors ``fn``
-    closes over, once per trace. In a real-mode trace, ``refuse_data_dependent`` also stops at
-    every op whose result depends on tensor values (a real trace would bake the example's). In
-    fake mode, ``refuse_constant_reads`` stops at such an op run on real tensors alone (fake
-    mode runs it for real, on the closed-over tensors' values of this call, and the graph would
-    keep that number while eager reads the tensor afresh each call).
-
-    ``dense_zero_tangents`` (fake mode) makes forward AD's zero tangents ordinary zeros, see
-    Note [Zero tangents in fake mode].
-    """
-
-    def __init__(
-        self,
-        inputs: Sequence[Any],
-        *,
-        refuse_data_dependent: bool = False,
-        refuse_constant_reads: bool = False,
-        dense_zero_tangents: bool = False,
-    ) -> None:
-        super().__init__()
-        self._refuse_data_dependent = refuse_data_dependent
-        self._refuse_constant_reads = refuse_constant_reads
-        self._dense_zero_tangents = dense_zero_tangents
-        self._owned: set[int] = set()
-        self._own(inputs)
-        self._saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
-        # In-place metadata changes (t_, squeeze_, as_strided_) of foreign tensors, by tensor.
-        self._layouts: dict[
-            int, tuple[torch.Tensor, torch.Size, tuple[int, ...], int | torch.SymInt]
-        ] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if self._refuse_data_dependent and reads_values_into_shape(func, args):
-            raise _DataDependentOp(f"it calls {func}, whose result depends on tensor values")
-        if (
-            self._refuse_constant_reads
-            and reads_values_into_shape(func, args)
-            and not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args))
-        ):
-            raise _ConstantRead(f"it reads the value of a tensor it closes over ({func})")
-        refuse_negative_request(func, args, kwargs)  # as eager does, not as fake mode fails
-        if self._dense_zero_tangents and func is efficient_zero_tensor:
-            func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
-        for written in _tensors_it_may_write(func, args, kwargs):
-            self._snapshot_if_foreign(written)
-        out = func(*args, **kwargs)
-        self._own(out)
-        if func in NOTED_OPS and isinstance(out, torch.Tensor):
-            _note_source_line(out)
-        return out
-
-    def _own(self, values: Any) -> None:
-        for leaf in pytree.tree_leaves(values):
-            key = _storage_key(leaf)
-            if key is not None:
-                self._owned.add(key)
-
-    def _snapshot_if_foreign(self, tensor: torch.Tensor) -> None:
-        key = _storage_key(tensor)
-        if key is None or key in self._owned:
-            return
-        layout = (tensor, tensor.shape, tensor.stride(), tensor.storage_offset())
-        self._layouts.setdefault(id(tensor), layout)
-        if key not in self._saved:
-            storage = tensor.untyped_storage()
-            with disable_current_modes(), torch.no_grad():
-                self._saved[key] = (storage, storage.clone())
-
-    def restore_foreign_writes(self) -> None:
-        with disable_current_modes(), torch.no_grad():
-            for tensor, shape, stride, offset in self._layouts.values():
-                if (tensor.shape, tensor.stride(), tensor.storage_offset()) != (
-                    shape,
-                    stride,
-                    offset,
-                ):
-                    tensor.as_strided_(shape, stride, offset)
-            for storage, saved in self._saved.values():
-                storage.copy_(saved)
-        self._saved.clear()
-        self._layouts.clear()
-
-
-def _note_source_line(result: torch.Tensor) -> None:
-    """Record the user's stack on the node make_fx made for ``result`` (make_fx records none
-    unless asked, and then only frames named ``forward``): messages about kept as_strided
-    nodes name the user's line."""
-    mode = get_proxy_mode()
-    traced = get_proxy_slot(result, mode.tracer, None) if mode is not None else None
-    if traced is not None:
-        note_user_frames(traced.proxy.node)
-
-
-def _storage_key(value: Any) -> int | None:
-    """The address of ``value``'s memory; None for non-tensors and storage-less tensors."""
-    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
-        return None
-    if isinstance(value, FakeTensor) or value.device.type == "meta":
-        return None  # no memory a trace could write for real
-    # Efficient zero tensors (forward AD's zero tangents) carry a storage without memory.
-    if is_zerotensor(value) or not has_storage(value):
-        return None
-    return value.untyped_storage().data_ptr()
-
-
-def _tensors_it_may_write(
-    func: Any, args: Sequence[Any], kwargs: dict[str, Any]
-) -> list[torch.Tensor]:
-    """The tensors ``func`` may write to: its schema's written arguments, and every argument
-    that does not require grad, which a kernel may write without saying so (see _TraceGuard)."""
-    unannotated = [
-        tensor
-        for tensor in _tensor_arguments((*args, *kwargs.values()))
-        if not tensor.requires_grad
-    ]
-    return _written_tensors(func, args, kwargs) + unannotated
-
-
-def _tensor_arguments(values: Sequence[Any]) -> Iterator[torch.Tensor]:
-    """The tensors among an op's arguments (lists and tuples nest in aten schemas), without
-    pytree's cost: the guard runs it on every op of a trace."""
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from _tensor_arguments(value)
-
-
-def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors ``func`` writes to, by its schema's alias annotations."""
-    if not isinstance(func, OpOverload):
-        return []
-    schema = op_schema(func)
-    bound = dict(zip((a.name for a in schema.arguments), args, strict=False))  # defaults
-    bound.update(kwargs)
-    written = []
-    for argument in schema.arguments:
-        info = argument.alias_info
-        if info is None or not info.is_write or argument.name not in bound:
-            continue
-        written += [
-            leaf
-            for leaf in pytree.tree_leaves(bound[argument.name])
-            if isinstance(leaf, torch.Tensor)
-        ]
-    return written
-
-
 def _recompute_layouts(
     gm: torch.fx.GraphModule,
     fake_args: list[Any],
@@ -886,7 +681,7 @@ def _recompute_layouts(
     """Replace real mode's per-node snapshots (views at offset 0) by exact fake layouts."""
     flat = [leaf for arg in fake_args for leaf in pytree.tree_leaves(arg)]
     # Fake mode runs ops whose inputs are all real constants for real: guard their writes.
-    guard = _TraceGuard(flat)
+    guard = TraceGuard(flat)
     try:
         with preserved_torch_state():
             try:

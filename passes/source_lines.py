@@ -32,7 +32,7 @@ from .op_tables import AS_STRIDED_OPS
 from .torch_internals import reshape_alias
 
 #: Top-level modules whose frames are the machinery between the user's code and an op.
-_INTERNAL_MODULES = frozenset({"torch", "functorch", "fxviews", "contextlib", "functools"})
+_INTERNAL_MODULES = frozenset({"torch", "functorch", "fxviews", "contextlib", "functools", "runpy"})
 #: The nodes whose stack a tracer without stacks records: those messages are about.
 NOTED_OPS = frozenset({*AS_STRIDED_OPS, reshape_alias})
 #: How many of the user's innermost frames a recorded stack keeps.
@@ -61,7 +61,10 @@ def user_frames(frame: FrameType | None) -> list[tuple[str, int, str]]:
     """
     mine: list[tuple[str, int, str]] = []
     while frame is not None and len(mine) < MAX_FRAMES:
-        module = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        # A package run as a program (python -m fxviews) is __main__ by name, its own by spec.
+        spec = frame.f_globals.get("__spec__")
+        name = spec.name if spec is not None else frame.f_globals.get("__name__", "")
+        module = str(name).split(".")[0]
         code = frame.f_code
         generated = code.co_filename.startswith("<eval_with_key>")  # FX's forward
         if module not in _INTERNAL_MODULES and not generated:

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import tabulate
 import torch
-import torch.utils._pytree as pytree
 
 from fxviews.bench.timing import median_seconds
 from fxviews.consumers.export import rewrite_exported
+from fxviews.passes.torch_internals import pytree
 
 aten = torch.ops.aten
 
