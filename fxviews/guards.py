@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from fxviews.passes.source_lines import internal_module
 from fxviews.passes.torch_internals import GlobalStateGuard
 
 __all__ = ["ModuleCalls", "StateGuard", "reachable_objects", "uninitialized_lazy_modules"]
@@ -164,15 +165,10 @@ def reachable_objects(fn: Callable[..., Any]) -> Iterator[Any]:
             pending += obj.values()
         elif isinstance(obj, types.MethodType):
             pending += [obj.__self__, obj.__func__]
-        elif isinstance(obj, types.FunctionType) and not _is_library_function(obj):
+        elif isinstance(obj, types.FunctionType) and not internal_module(obj.__module__ or ""):
+            # PyTorch's and fxviews' own functions reach no module of the user's but through
+            # their arguments: their globals would only lead through torch.
             pending += _function_references(obj)
-
-
-def _is_library_function(fn: types.FunctionType) -> bool:
-    # PyTorch's and fxviews' own functions reach no module of the user's but through their
-    # arguments; walking their globals would only visit torch.
-    module = fn.__module__ or ""
-    return module.partition(".")[0] in ("torch", "fxviews")
 
 
 def _function_references(fn: types.FunctionType) -> list[Any]:

@@ -123,14 +123,12 @@ class TraceGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if self._refuse_data_dependent and reads_values_into_shape(func, args):
-            raise DataDependentOp(f"it calls {func}, whose result depends on tensor values")
-        if (
-            self._refuse_constant_reads
-            and reads_values_into_shape(func, args)
-            and not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args))
-        ):
-            raise ConstantRead(f"it reads the value of a tensor it closes over ({func})")
+        refusing = self._refuse_data_dependent or self._refuse_constant_reads
+        if refusing and reads_values_into_shape(func, args):
+            if self._refuse_data_dependent:
+                raise DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+            if not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args)):
+                raise ConstantRead(f"it reads the value of a tensor it closes over ({func})")
         refuse_negative_request(func, args, kwargs)  # as eager does, not as fake mode fails
         if self._dense_zero_tangents and func is efficient_zero_tensor:
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device

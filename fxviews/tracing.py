@@ -57,6 +57,7 @@ from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.layout_truth import REAL_LAYOUTS
+from fxviews.passes.source_lines import internal_frame
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -161,7 +162,8 @@ EAGER_CAUSES = frozenset(
 
 def raised_by_user_code(err: BaseException | None) -> bool:
     """Whether ``err`` was raised by a ``raise`` or ``assert`` statement of the user's code (a
-    frame of neither PyTorch nor fxviews), not by an op or tracer below it.
+    frame of no :func:`~fxviews.passes.source_lines.internal_module`), not by an op or tracer
+    below it.
 
     The innermost frame of the traceback says where: an exception raised in C++ (an op's
     kernel) also ends in the user's frame that called it, but at a call instruction.
@@ -181,8 +183,7 @@ def raised_by_user_code(err: BaseException | None) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    module = tb.tb_frame.f_globals.get("__name__") or ""
-    if module.partition(".")[0] in ("torch", "fxviews"):
+    if internal_frame(tb.tb_frame):
         return False
     return _instruction_at(tb.tb_frame.f_code, tb.tb_lasti) in ("RAISE_VARARGS", "RERAISE")
 

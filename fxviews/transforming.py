@@ -351,14 +351,19 @@ class _GraphCache:
         return entry, [leaves[i] for i in entry.input_positions]
 
     def _get(self, key: Any) -> _Entry | None:
-        """The entry of ``key`` whose guard passes now, moved first in its list."""
+        """The entry of ``key`` whose guard passes now (a hit), moved first in its list."""
+        entry = self._passing(key)
+        if entry is not None:
+            self.hits += 1
+            entry.last_used = next(self.clock)
+        return entry
+
+    def _passing(self, key: Any) -> _Entry | None:
         traced = self.entries.get(key, [])
         for position, entry in enumerate(traced):
             if entry.guard.check():
                 if position:
                     traced.insert(0, traced.pop(position))
-                self.hits += 1
-                entry.last_used = next(self.clock)
                 return entry
         return None
 
@@ -366,10 +371,15 @@ class _GraphCache:
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> _Entry:
         with tracing_lock:
-            entry = self._get(key)
+            entry = self._passing(key)
             if entry is not None:  # built by another thread while this one waited
-                self.hits -= 1  # counted as this call's miss below
                 return entry
+            if key in self.entries:  # traced for this signature, in another state
+                logger.debug(
+                    "fxviews.transform traces %s again for this signature: %s changed",
+                    function_name(self.fn),
+                    self.entries[key][0].guard.failure(),
+                )
             self.misses += 1
             entry = self._build(spec, leaves, keepalive)
             entry.last_used = next(self.clock)
@@ -408,7 +418,8 @@ class _GraphCache:
         ``fn``'s own code raises propagates unchanged (:func:`fxviews.tracing.capture`).
         """
         guard = StateGuard()  # the caller's state, before the trace can change anything
-        modules = _modules_reached(self.fn)
+        reached = list(reachable_objects(self.fn))
+        modules = _modules_among(reached)
         lazy = uninitialized_lazy_modules(modules)
         if lazy:
             if self.strict:
@@ -420,6 +431,7 @@ class _GraphCache:
                 )
             raise _TraceLater(None)  # their first call creates the parameters, quietly
         try:
+            _check_no_captured_wrappers(self.fn, reached)
             entry = self._build_graph(spec, leaves, keepalive, guard)
         except TracingError as err:
             if self.strict:
@@ -462,7 +474,6 @@ class _GraphCache:
             )
             return [o for o in out_leaves if isinstance(o, _GRAPH_OUTPUT_TYPES)]
 
-        _check_no_captured_wrappers(self.fn)
         name = function_name(self.fn)
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
         # batched under) the transforms or tracers this call happens inside either.
@@ -512,14 +523,11 @@ def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         raise TypeError(f"{function_name(fn)}(): {err}") from None
 
 
-def _modules_reached(fn: Callable[..., Any]) -> list[torch.nn.Module]:
-    """The modules ``fn`` reaches statically (see :func:`fxviews.guards.reachable_objects`),
-    each with its submodules."""
+def _modules_among(reached: list[Any]) -> list[torch.nn.Module]:
+    """The modules among the objects a function reaches (see
+    :func:`fxviews.guards.reachable_objects`), each with its submodules."""
     return [
-        module
-        for obj in reachable_objects(fn)
-        if isinstance(obj, torch.nn.Module)
-        for module in obj.modules()
+        module for obj in reached if isinstance(obj, torch.nn.Module) for module in obj.modules()
     ]
 
 
@@ -606,8 +614,8 @@ def _outside_transforms() -> Iterator[None]:
         yield
 
 
-def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
-    """Refuse an ``fn`` that reaches a tensor wrapped by an enclosing transform.
+def _check_no_captured_wrappers(fn: Callable[..., Any], reached: list[Any]) -> None:
+    """Refuse an ``fn`` that reaches (``reached``) a tensor wrapped by an enclosing transform.
 
     Traced outside the transforms, such a tensor becomes a plain constant of the graph: under
     ``grad`` or ``jvp`` its derivative would silently be zero. Everything ``fn`` reaches
@@ -615,7 +623,7 @@ def _check_no_captured_wrappers(fn: Callable[..., Any]) -> None:
     partial arguments, globals its code reads); tensors reached another way (attributes) are
     not, and vmap-wrapped ones are caught while tracing.
     """
-    for obj in reachable_objects(fn):
+    for obj in reached:
         if isinstance(obj, torch.Tensor) and is_functorch_wrapped_tensor(obj):
             raise TracingError(
                 f"fxviews.transform cannot trace {function_name(fn)}: it closes over a "

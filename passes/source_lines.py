@@ -61,16 +61,32 @@ def user_frames(frame: FrameType | None) -> list[tuple[str, int, str]]:
     """
     mine: list[tuple[str, int, str]] = []
     while frame is not None and len(mine) < MAX_FRAMES:
-        # A package run as a program (python -m fxviews) is __main__ by name, its own by spec.
-        spec = frame.f_globals.get("__spec__")
-        name = spec.name if spec is not None else frame.f_globals.get("__name__", "")
-        module = str(name).split(".")[0]
         code = frame.f_code
         generated = code.co_filename.startswith("<eval_with_key>")  # FX's forward
-        if module not in _INTERNAL_MODULES and not generated:
+        if not internal_frame(frame) and not generated:
             mine.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return mine[::-1]
+
+
+def internal_module(name: str) -> bool:
+    """Whether the module ``name`` is machinery between the user's code and an op (PyTorch,
+    fxviews, the standard library's call plumbing), not the user's code.
+
+    Example::
+
+        >>> internal_module("torch.nn.functional"), internal_module("my_model")
+        (True, False)
+    """
+    return name.split(".")[0] in _INTERNAL_MODULES
+
+
+def internal_frame(frame: FrameType) -> bool:
+    """Whether ``frame`` runs code of an :func:`internal_module`."""
+    # A package run as a program (python -m fxviews) is __main__ by name, its own by spec.
+    spec = frame.f_globals.get("__spec__")
+    name = spec.name if spec is not None else frame.f_globals.get("__name__", "")
+    return internal_module(str(name))
 
 
 def source_line(node: torch.fx.Node) -> str | None:
@@ -102,6 +118,8 @@ __all__ = [
     "MAX_FRAMES",
     "NOTED_OPS",
     "describe_node",
+    "internal_frame",
+    "internal_module",
     "note_user_frames",
     "source_line",
     "user_frames",
