@@ -266,6 +266,21 @@ def test_train_mode_conv_bn_state_after_each_call(
     run_twice(model, path, calls)
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "sliced"])
+def test_train_mode_conv_bn_state_on_layouts_eager_produces(layout: str) -> None:
+    """The same calls on channels_last and strided-slice inputs (the graph was traced on
+    contiguous ones): outputs, buffers and random stream after each call as eager's."""
+
+    def laid_out(batch: int) -> torch.Tensor:
+        if layout == "channels_last":
+            return torch.randn(batch, 3, 8, 8).to(memory_format=torch.channels_last)
+        return torch.randn(batch, 3, 8, 16)[..., ::2]
+
+    torch.manual_seed(0)
+    calls = [call_with(laid_out(b)) for b in (2, 3, 2)]
+    run_twice(conv_bn_stack(), plain, calls)
+
+
 def test_conv_bn_stack_runs_as_a_graph() -> None:
     tf = fxviews.transform(conv_bn_stack())
     tf(torch.randn(2, 3, 8, 8))
