@@ -21,7 +21,7 @@ finds the entry made for the state now in force):
    its code reads, with every submodule of each module found. Dynamically: every module whose
    ``forward`` runs while the function is traced (:class:`ModuleCalls`), which finds modules
    reached through attributes, containers and ``torch.func.functional_call`` targets.
-   Checking them costs ~30 ns a module (a tuple of flags compared with the traced one).
+   Checking them costs ~50 ns a module (a tuple of flags compared with the traced one).
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
@@ -37,15 +37,21 @@ import contextlib
 import functools
 import operator
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from fxviews.passes.source_lines import internal_module
-from fxviews.passes.torch_internals import GlobalStateGuard
+from fxviews.passes.torch_internals import GlobalStateGuard, TensorGuards
 
-__all__ = ["ModuleCalls", "StateGuard", "reachable_objects", "uninitialized_lazy_modules"]
+__all__ = [
+    "ModuleCalls",
+    "StateGuard",
+    "reachable_objects",
+    "same_kind_check",
+    "uninitialized_lazy_modules",
+]
 
 #: Reads a module's ``training`` flag: ``map`` over a tuple of modules with it is the cheapest
 #: loop Python has for the check on every cache hit.
@@ -86,7 +92,7 @@ class StateGuard:
         self.trainings += tuple(map(read_training, added))
 
     def check(self) -> bool:
-        """Whether eager PyTorch would now read what the trace read (~0.2 us + 30 ns a module)."""
+        """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module)."""
         return self.check_process() and tuple(map(read_training, self.modules)) == self.trainings
 
     def failure(self) -> str:
@@ -99,6 +105,31 @@ class StateGuard:
             if m.training != was
         ]
         return f"training flag of {', '.join(changed)}" if changed else ""
+
+
+def same_kind_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool]:
+    """A check, in C++, that the tensors it is given are of the kind of ``tensors``, one by one.
+
+    Same Python type, dispatch keys (under the thread-local dispatch state in force at the
+    check, so inside ``vmap`` a BatchedTensor matches only a BatchedTensor), dtype, device,
+    ``requires_grad`` and sizes (logical ones for a wrapper); strides are not compared. That is
+    stricter than transform's signature key (shape, dtype, device), so a pass implies the key
+    matches. It is Dynamo's ``TensorGuards`` (~80 ns a tensor, against ~0.35 us for the key in
+    Python); building one costs ~1.5 us. A call with another number of tensors than
+    ``tensors`` raises TypeError: compare the count first.
+
+    Example::
+
+        >>> check = same_kind_check([torch.ones(2, 3)])
+        >>> check(torch.zeros(2, 3)), check(torch.zeros(3, 2))
+        (True, False)
+    """
+    # One list per tensor, each dim's size or None for "not compared" (PyTorch's stub types
+    # them as one flat list, which the C++ rejects).
+    sizes: Any = [list(tensor.shape) for tensor in tensors]
+    strides: Any = [[None] * tensor.dim() for tensor in tensors]
+    guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+    return guards.check
 
 
 def _unique(modules: Any) -> list[torch.nn.Module]:

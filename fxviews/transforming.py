@@ -9,33 +9,41 @@ that hard-code the layout of the example they were traced on.
 Note [The cached call]
 ~~~~~~~~~~~~~~~~~~~~~~
 Hot loops call a transformed function with the same positional tensors again and again, so a
-cache hit for such a call costs as little as the checks it must make: the signature key, one
-dict lookup, the LRU bookkeeping, the graph's generated ``forward`` and the output rebuild
-(``fxviews/rebuilding.py``). It is written out in the ``transformed`` closure itself, since
-each Python call layer costs about as much as the dict lookup:
+cache hit for such a call costs as little as the checks it must make. It is written out in the
+``transformed`` closure itself, since each Python call layer costs about as much as a check:
 
-1. The key of an all-tensor positional call is the tuple of each tensor's ``(shape, dtype,
-   device)``: one pass over the arguments, no pytree flattening, no call per tensor. Its
-   nine attribute reads are most of a hit's cost (~1 us of ~2 us for three tensors). Every
-   other call (keywords, non-tensor or nested arguments) takes the general key, pytree spec
-   plus leaf keys (:meth:`_GraphCache.lookup`); the two kinds never compare equal, since a
-   TreeSpec is not a ``(shape, dtype, device)`` triple.
-2. A key maps to the entries traced for it, most recently used first; each entry holds the
-   guard of the state it was traced in (Note [The state a graph bakes in]: process state and
-   module modes). A hit is the first entry's guard passing (~0.3 us, and 30 ns per module the
-   function reaches); otherwise the call looks through the others, and traces a new one for
-   the state now in force if none passes.
-3. The entry is read without a lock, and a hit stamps it with the next tick of the cache's
-   clock (``itertools.count``, whose ``next`` is atomic). The least recently used entry is
-   the one with the oldest stamp, found when a miss overflows the cache. An ``OrderedDict``
-   kept in use order would need ``move_to_end`` on every hit, which hashes and compares the
-   key a second time (about as long as the lookup); eviction, which pays instead, is rare
-   and runs next to a trace that takes milliseconds.
-4. Misses, guard failures, eager signatures (``fn`` could not be traced) and general keys go
+1. **The hot call.** The cache remembers the entry the last call of positional tensors ran
+   (``_GraphCache.hot``), with a C++ check that tensors are of the kind that call passed
+   (:func:`fxviews.guards.same_kind_check`, Dynamo's ``TensorGuards``: type, dispatch keys,
+   dtype, device, ``requires_grad``, sizes; ~80 ns a tensor). A call whose tensors pass it
+   has that entry's signature, since the check is stricter than the key below, and needs
+   no key, hash or lookup: ~1.1 us over the graph's own call in all (bench row 5), against
+   ~2.2 us with the key.
+2. **The key.** Any other call of positional tensors is keyed by the tuple of each tensor's
+   ``(shape, dtype, device)`` (~0.35 us a tensor) and looked up; the entry it finds becomes
+   the hot one. Where that entry was already hot, the call's tensors differ from the
+   checked ones only in what the key leaves out (``requires_grad``, a subclass): the check
+   is remade from them (~1.5 us, once per change of kind). Every other call (keywords,
+   non-tensor or nested arguments) takes the general key, pytree spec plus leaf keys
+   (:meth:`_GraphCache.lookup`), and never becomes hot; the two kinds of key never compare
+   equal, since a TreeSpec is not a ``(shape, dtype, device)`` triple.
+3. **The state.** A key maps to the entries traced for it, most recently used first; each
+   entry holds the guard of the state it was traced in (Note [The state a graph bakes in]:
+   process state and module modes). A hit is that guard passing (~0.2 us, and ~50 ns per
+   module the function reaches); otherwise the call looks through the others, and traces a
+   new one for the state now in force if none passes. The entry it runs becomes the hot one.
+4. **The LRU order.** Entries are read without a lock, and a hit stamps its entry with the
+   next tick of the cache's clock (``itertools.count``, whose ``next`` is atomic). The least
+   recently used entry is the one with the oldest stamp, found when a miss overflows the
+   cache (an evicted hot entry stops being hot). An ``OrderedDict`` kept in use order would
+   need ``move_to_end`` on every hit, which hashes the key again; eviction, which pays
+   instead, is rare and runs next to a trace that takes milliseconds.
+5. Misses, guard failures, eager signatures (``fn`` could not be traced) and general keys go
    through :meth:`_GraphCache.call`, which builds entries under the tracing lock.
 
 Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
-are the logical per-sample ones, read in C++ like a plain tensor's: the key costs the same.
+are the logical per-sample ones, read in C++ like a plain tensor's; the hot call's check,
+made from such wrappers, passes only BatchedTensors of those logical sizes.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from fxviews.guards import (
     StateGuard,
     reachable_objects,
     read_training,
+    same_kind_check,
     uninitialized_lazy_modules,
 )
 from fxviews.passes.torch_internals import (
@@ -197,33 +206,25 @@ def transform(
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
-    entries, clock = cache.entries, cache.clock  # the cache's own (never replaced)
+    clock = cache.clock  # the cache's own (never replaced)
 
     @functools.wraps(fn)
     def transformed(*args: Any, **kwargs: Any) -> Any:
-        # The cache hit of positional tensors, written out (Note [The cached call]). Its key:
-        # each tensor's _tensor_key, or None when there are keywords or a non-tensor.
-        key: tuple[Any, ...] | None = None
-        if not kwargs:
-            metadata = []
-            for arg in args:
-                if not isinstance(arg, torch.Tensor):
-                    break
-                metadata.append((arg.shape, arg.dtype, arg.device))
-            else:
-                key = tuple(metadata)
-        traced = entries.get(key) if key is not None else None
-        if traced is None:
-            return cache.call(args, kwargs, key)
-        entry = traced[0]
-        guard = entry.guard
-        # StateGuard.check, written out (Note [The cached call]).
+        # The hot call, written out (Note [The cached call]): the entry the last positional
+        # call used, if these tensors are of the kind it was checked against.
+        entry = cache.hot
         if (
-            entry.forward is None
-            or not guard.check_process()
-            or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
+            kwargs or entry is None or len(args) != entry.arity or not entry.same_kind(*args)  # type: ignore[misc]
         ):
-            return cache.call(args, kwargs, key)
+            entry = None if kwargs else cache.positional_hit(args)
+            if entry is None:
+                return cache.call(args, kwargs)
+        guard = entry.guard
+        # StateGuard.check, written out.
+        if not guard.check_process() or (
+            guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings
+        ):
+            return cache.call(args, kwargs)
         cache.hits += 1
         entry.last_used = next(clock)
         return entry.rebuild(entry.forward(*args))  # type: ignore[misc]
@@ -270,6 +271,11 @@ class _Entry:
     eager_reason: str | None = None
     # The cache clock's tick at the last call that used this entry (Note [The cached call]).
     last_used: int = 0
+    # For the hot call: how many positional tensors it takes, and the C++ check that a call's
+    # tensors are of the kind it last ran on (guards.same_kind_check); unset until a call
+    # with positional tensors only runs it.
+    arity: int = -1
+    same_kind: Callable[..., bool] | None = None
 
 
 class _GraphCache:
@@ -290,20 +296,39 @@ class _GraphCache:
         self.functionalize = functionalize
         self.maxsize = maxsize
         self.entries: dict[Any, list[_Entry]] = {}
+        # The entry the last positional call ran, checked first by the next (the hot call).
+        self.hot: _Entry | None = None
         self.clock = itertools.count(1)  # ticks of use: an entry's last_used is one of them
         self.hits = 0
         self.misses = 0
         self.reported: set[str] = set()  # reasons already logged for calls run eagerly
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
-        """``fn(*args, **kwargs)`` through the cache: the calls the inline hit does not finish.
+    def positional_hit(self, args: tuple[Any, ...]) -> _Entry | None:
+        """The first entry of the signature of ``args``, positional tensors only, made the hot
+        one; None for other calls and where it has none or runs eagerly. Its state guard is the
+        caller's to check. Counts no hit."""
+        key = _positional_key(args)
+        traced = self.entries.get(key) if key is not None else None
+        if not traced or traced[0].forward is None:
+            return None
+        self._make_hot(traced[0], args)
+        return traced[0]
 
-        ``key`` is the call's positional key (Note [The cached call]), or None when it has none.
-        """
+    def _make_hot(self, entry: _Entry, args: tuple[Any, ...]) -> None:
+        # A hot entry reached again by the key failed its check: these tensors are of another
+        # kind (requires_grad, dispatch keys) than the ones it was checked against.
+        if entry.same_kind is None or entry is self.hot:
+            entry.same_kind = same_kind_check(args)
+            entry.arity = len(args)
+        self.hot = entry
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)`` through the cache: the calls the hot call does not finish."""
         if tracing_in_progress():
             # Called while fxviews traces another function: its ops become part of that graph
             # (and that graph's rewrite), as any other function's would.
             return self.fn(*args, **kwargs)
+        key = None if kwargs else _positional_key(args)
         try:
             entry, tensors = self.lookup(args, kwargs, key)
         except _TraceLater as later:
@@ -320,6 +345,8 @@ class _GraphCache:
             return result
         if entry.forward is None:
             return self._eager(args, kwargs)
+        if key is not None:
+            self._make_hot(entry, args)
         return entry.rebuild(entry.forward(*tensors))  # type: ignore[misc]
 
     def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -396,6 +423,8 @@ class _GraphCache:
         self.entries[key].remove(oldest)
         if not self.entries[key]:
             del self.entries[key]
+        if oldest is self.hot:
+            self.hot = None
 
     def info(self) -> CacheInfo:
         entries = [entry for traced in self.entries.values() for entry in traced]
@@ -405,6 +434,7 @@ class _GraphCache:
     def clear(self) -> None:
         with tracing_lock:
             self.entries.clear()
+            self.hot = None
             self.hits = self.misses = 0
 
     def _build(
@@ -576,6 +606,13 @@ def _is_batched(tensor: Any) -> bool:
             return True
         tensor = get_unwrapped(tensor)
     return False
+
+
+def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    # The key of a call of positional tensors only (Note [The cached call]); None otherwise.
+    if not all(isinstance(arg, torch.Tensor) for arg in args):
+        return None
+    return tuple(map(_tensor_key, args))
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:

@@ -85,7 +85,10 @@ try:
     # autocast per device, default dtype, deterministic algorithms, TF32/reduced-precision
     # matmul flags, torch function mode, thread count), snapshot in C++ and checked in ~0.2 us:
     # transform's cache guards on the same set. 2.1.
-    from torch._C._dynamo.guards import GlobalStateGuard
+    # Dynamo's C++ check that tensors are of an example's kind (Python type, dispatch keys,
+    # dtype, device, requires_grad, sizes; strides where given): transform's hot call checks
+    # its positional tensors with it, ~80 ns a tensor. 2.1.
+    from torch._C._dynamo.guards import GlobalStateGuard, TensorGuards
 
     # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
     # functorch's transform stack (get_dynamic_layer_stack_depth,
@@ -436,6 +439,7 @@ BOUND_NAMES = (
     "force_original_view_tracking",
     "CompileContext",
     "GlobalStateGuard",
+    "TensorGuards",
     "has_same_storage_numel",
     "to_copy",
     "efficient_zero_tensor",

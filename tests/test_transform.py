@@ -547,6 +547,67 @@ def test_lru_counts_every_hit_of_both_key_kinds():
     assert tf.cache_info() == (4, 5, 2, 2, 0)
 
 
+def test_hot_call_serves_only_tensors_of_its_signature():
+    """The hot call (the entry the last positional call ran, checked in C++) hands a call to
+    the keyed lookup whenever its tensors differ in anything the key holds, and still serves
+    tensors that differ only in what the key leaves out (requires_grad, subclass, strides).
+    Each call is compared with eager, and each trace with the signatures seen so far."""
+    traced = []
+
+    def scaled(x, y):
+        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim()))
+        return x.sum(-1, keepdim=True) * y
+
+    tf = fxviews.transform(scaled)
+    x, y = torch.randn(2, 3), torch.randn(2, 1)
+    calls = [
+        (x, y),
+        (x, y),  # the hot call
+        (torch.randn(3, 3), torch.randn(3, 1)),  # shape
+        (x, y),
+        (x.double(), y.double()),  # dtype
+        (x.to("meta"), y.to("meta")),  # device
+        (x, torch.randn(1)),  # the second tensor's rank
+        (x.t().contiguous().t(), y),  # strides only: the same graph
+        (x.clone().requires_grad_(), y),  # requires_grad only
+        (torch.nn.Parameter(x.clone()), y),  # a subclass of the same signature
+        (x, y),
+    ]
+    for args in calls:
+        got, want = tf(*args), scaled(*args)
+        traced.pop()  # the eager reference's own entry
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.device == want.device and got.requires_grad == want.requires_grad
+        if got.device.type != "meta":
+            torch.testing.assert_close(got, want)
+    assert traced == [
+        ((2, 3), torch.float32, "cpu", 2),
+        ((3, 3), torch.float32, "cpu", 2),
+        ((2, 3), torch.float64, "cpu", 2),
+        ((2, 3), torch.float32, "meta", 2),
+        ((2, 3), torch.float32, "cpu", 1),
+    ]
+    assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
+    leaf = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(tf(leaf, y).sum(), leaf)
+    torch.testing.assert_close(grad, y.expand(2, 3))
+
+
+def test_hot_call_of_an_evicted_or_cleared_entry_traces_again():
+    traced = []
+
+    def double(x):
+        traced.append(x.shape[0])
+        return x * 2
+
+    tf = fxviews.transform(double, cache_size=1)
+    a, b = torch.ones(1), torch.ones(2)
+    tf(a), tf(a), tf(b), tf(a)  # b evicts a, the hot entry; a evicts b
+    assert traced == [1, 2, 1] and tf.cache_info().currsize == 1
+    tf.cache_clear()
+    assert torch.equal(tf(a), a * 2) and traced == [1, 2, 1, 1]
+
+
 def test_unhashable_non_tensor_argument_is_keyed_by_identity():
     class Config:  # unhashable on purpose
         __hash__ = None
