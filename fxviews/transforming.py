@@ -44,6 +44,20 @@ cache hit for such a call costs as little as the checks it must make. It is writ
 Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
 are the logical per-sample ones, read in C++ like a plain tensor's; the hot call's check,
 made from such wrappers, passes only BatchedTensors of those logical sizes.
+
+Note [A transformed function inside torch.compile]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Dynamo traces Python it meets into its graph, and would trace ``transformed`` itself: its
+cache, locks and guards, none of which it can put in a graph, each refused with a warning,
+and under ``fullgraph=True`` an error about ``TensorGuards.check``. Inlining ``fn`` instead
+would give eager's reading of its ``as_strided`` nodes, not the transform's, and inlining the
+cached graph would hide the guards (module modes among them) from Dynamo's own, a stale graph
+after ``model.eval()``. So fxviews asks Dynamo to treat its package as it treats numpy's: a
+call of a transformed function is opaque Python to Dynamo, a graph break, run through the
+cache as outside ``torch.compile`` (its guards, its graph). ``torch.compile(outer,
+backend="fxviews")`` puts the whole of ``outer`` in one rewritten graph instead. The request
+is made by the first ``transform`` call of a process (fxviews' tracer has loaded Dynamo by
+then: fake tensors import it).
 """
 
 from __future__ import annotations
@@ -70,6 +84,7 @@ from fxviews.guards import (
 )
 from fxviews.passes.torch_internals import (
     disable_current_modes,
+    dynamo_skip_package,
     get_unwrapped,
     is_batchedtensor,
     is_functorch_wrapped_tensor,
@@ -96,6 +111,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: How many input signatures a transformed function remembers by default.
 DEFAULT_CACHE_SIZE = 32
+
+
+@functools.cache
+def _keep_dynamo_out() -> None:
+    """Have Dynamo call fxviews' functions as opaque Python, once a process (Note [A
+    transformed function inside torch.compile])."""
+    dynamo_skip_package("fxviews")
+
 
 # What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
 # friends produce while tracing (they are computed again on every run).
@@ -206,6 +229,7 @@ def transform(
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
+    _keep_dynamo_out()
     clock = cache.clock  # the cache's own (never replaced)
 
     @functools.wraps(fn)

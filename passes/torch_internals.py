@@ -361,6 +361,9 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "lookup_backend": ("torch._dynamo", "lookup_backend"),
     "reset_dynamo": ("torch._dynamo", "reset"),
     "BackendCompilerFailed": ("torch._dynamo.exc", "BackendCompilerFailed"),
+    # Dynamo's skip list (trace_rules.add, 2.1): every frame in a package's files is called
+    # as opaque Python, never traced or compiled, as numpy's and tabulate's are.
+    "dynamo_skip_package": ("torch._dynamo.trace_rules", "add"),
     # Whether a symbolic size expression holds for every value its symbols may take (ONNX
     # export's exactness check; statically_known_true, 2.1). Its module loads sympy.
     "statically_known_true": (

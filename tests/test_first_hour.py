@@ -8,34 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import fxviews
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _python(code: str) -> str:
-    """``code``'s stdout, run in a fresh interpreter on this checkout's fxviews."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": path},
-        check=True,
-    )
-    return done.stdout
+from tests.fresh_python import run_fresh_python
 
 
 def test_import_fxviews_imports_neither_dynamo_nor_the_engine() -> None:
-    loaded = _python(
+    loaded = run_fresh_python(
         "import sys, fxviews\n"
         "print(sorted(m for m in ('torch._dynamo', 'sympy', 'fxviews.passes.synthesis')"
         " if m in sys.modules))"
@@ -44,7 +26,7 @@ def test_import_fxviews_imports_neither_dynamo_nor_the_engine() -> None:
 
 
 def test_public_names_import_on_first_use() -> None:
-    loaded = _python(
+    loaded = run_fresh_python(
         "import sys, torch, fxviews\n"
         "fxviews.transform(lambda x: x * 2)(torch.ones(2))\n"
         "print('fxviews.transforming' in sys.modules)\n"

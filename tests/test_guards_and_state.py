@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from torch.func import functional_call, vmap
 
 import fxviews
 from fxviews.guards import StateGuard
+from tests.fresh_python import run_fresh_python
 from tests.reference import assert_tree_close, per_sample_reference, stack_batched
 
 # --------------------------------------------------------------------------------------------
@@ -100,6 +102,12 @@ def compiled(model: nn.Module) -> Callable[..., Any]:
     return torch.compile(model, backend="fxviews")
 
 
+def inside_compile(model: nn.Module) -> Callable[..., Any]:
+    """A transformed model called by a function torch.compile compiles (a graph break)."""
+    transformed = fxviews.transform(model)
+    return torch.compile(lambda x: transformed(x) + 0, backend="aot_eager")
+
+
 def call_with(x: torch.Tensor) -> Callable[[nn.Module, Callable[..., Any]], Any]:
     return lambda model, fn: fn(x)
 
@@ -118,7 +126,7 @@ def set_mode(training: bool, x: torch.Tensor) -> Callable[[nn.Module, Callable[.
 
 
 @pytest.mark.parametrize(
-    "path", [plain, through_functional_call, compiled], ids=lambda p: p.__name__
+    "path", [plain, through_functional_call, compiled, inside_compile], ids=lambda p: p.__name__
 )
 def test_mode_flips_follow_eager(path: Callable[[nn.Module], Callable[..., Any]]) -> None:
     """train -> eval -> train -> eval: Dropout and BatchNorm behave as eager in every phase, and
@@ -126,6 +134,50 @@ def test_mode_flips_follow_eager(path: Callable[[nn.Module], Callable[..., Any]]
     x = torch.randn(8, 6)
     modes = [True, True, False, False, True, False]
     run_twice(mlp_dropout_bn(), path, [set_mode(m, x) for m in modes])
+
+
+_INSIDE_COMPILE = """
+import json, warnings
+import torch, fxviews
+
+def windows(x):
+    y = x.clone()
+    y[1:3].mul_(2)
+    return y.as_strided((3, 2), (1, 2), 1) * 3
+
+tf = fxviews.transform(windows)
+outer = torch.compile(lambda x: tf(x).sin(), backend="aot_eager")
+x, xt = torch.randn(4, 5), torch.randn(5, 4).t()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got = [outer(x), outer(x), outer(xt), outer(xt)]
+want = [tf(t).sin() for t in (x, x, xt, xt)]
+try:
+    torch.compile(lambda x: tf(x).sin(), backend="eager", fullgraph=True)(x)
+    refused = ""
+except Exception as error:
+    refused = f"{type(error).__name__}: {error}"
+print(json.dumps({
+    "same_as_transform": [torch.equal(a, b) for a, b in zip(got, want)],
+    "eager_reads_otherwise": not torch.allclose(windows(xt).sin(), want[2]),
+    "warnings": [str(w.message)[:200] for w in caught],
+    "hits": tf.cache_info().hits,
+    "refused": refused,
+}))
+"""
+
+
+def test_transformed_function_inside_torch_compile_runs_its_cached_graph() -> None:
+    """Dynamo calls a transformed function as opaque Python (a graph break), so it runs through
+    its cache and guards with the transform's reading of as_strided, not eager's, without a
+    warning, also where its first call is a compiled one (a fresh process). ``fullgraph=True``
+    refuses it, naming fxviews' file."""
+    result = json.loads(run_fresh_python(_INSIDE_COMPILE).splitlines()[-1])
+    assert result["same_as_transform"] == [True] * 4
+    assert result["eager_reads_otherwise"], "the program must tell the two readings apart"
+    assert result["warnings"] == []
+    assert result["hits"] >= 4  # the compiled calls after the first, and the reference calls
+    assert "Unsupported" in result["refused"] and "transforming.py" in result["refused"]
 
 
 def test_mode_flip_reuses_the_entry_traced_for_that_mode() -> None:
@@ -253,7 +305,7 @@ def test_state_guard_reports_what_changed() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [plain, through_functional_call, compiled], ids=lambda p: p.__name__
+    "path", [plain, through_functional_call, compiled, inside_compile], ids=lambda p: p.__name__
 )
 def test_train_mode_conv_bn_state_after_each_call(
     path: Callable[[nn.Module], Callable[..., Any]],
