@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 import fxviews
+from fxviews.bench import models
 from fxviews.guards import StateGuard
 from tests.fresh_python import run_fresh_python
 from tests.reference import assert_tree_close, per_sample_reference, stack_batched
@@ -331,6 +332,19 @@ def test_train_mode_conv_bn_state_on_layouts_eager_produces(layout: str) -> None
     torch.manual_seed(0)
     calls = [call_with(laid_out(b)) for b in (2, 3, 2)]
     run_twice(conv_bn_stack(), plain, calls)
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "encoder"])
+def test_train_mode_models_state_after_each_call(name: str) -> None:
+    """The bench's own small models (residual conv+BN blocks; inverted residuals with
+    depthwise convs and BN; attention blocks with Dropout) trained as written: N train-mode
+    calls at two batch sizes, then an eval-mode call, each compared with an eager twin on
+    outputs, every buffer and parameter, and the random stream."""
+    model = models.build(name).train()
+    shape = models.sample_shape(name)
+    torch.manual_seed(0)
+    train = [call_with(torch.randn(b, *shape)) for b in (2, 2, 3, 2)]
+    run_twice(model, plain, [*train, set_mode(False, torch.randn(2, *shape))])
 
 
 def test_conv_bn_stack_runs_as_a_graph() -> None:
