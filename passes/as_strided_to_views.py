@@ -313,6 +313,14 @@ class AsStridedToViews(RecordingPass):
                 "(only as_strided and as_strided_copy are, for every size)",
             )
         if call.op is aten.as_strided_.default:
+            if call.source.op in ("placeholder", "get_attr"):
+                # The restrided tensor outlives the graph: the caller's argument, or a tensor
+                # the graph reads as a constant. A view would leave its layout as it was.
+                return _kept(
+                    call,
+                    f"as_strided_ restrides {call.source.name!r} in place, a tensor from "
+                    "outside the graph whose new layout its owner sees after the call",
+                )
             later = [u for u in call.source.users if position[u] > position[node]]
             if later:
                 return _kept(

@@ -203,6 +203,41 @@ def test_in_place_as_strided_becomes_views_when_its_input_is_not_used_later() ->
     torch.testing.assert_close(res.graph_module(x), x.diagonal() * 2)
 
 
+def test_in_place_as_strided_of_an_argument_stays_and_restrides_it_as_eager() -> None:
+    """``as_strided_`` on an argument (or a closed-over tensor) restrides the caller's tensor:
+    a view would compute the same values but leave the caller's layout as it was."""
+    closed_over = torch.arange(6.0)
+
+    def restride_argument(x):
+        x.as_strided_((2, 2), (2, 1), 1)
+        return x * 2
+
+    def restride_constant(x):
+        closed_over.as_strided_((2, 2), (1, 2), 2)
+        return closed_over + x
+
+    res = fxviews.rewrite(fxviews.trace(restride_argument, torch.arange(6.0)))
+    assert [r.method for r in res.records] == ["kept"], res.records
+    assert "outside the graph" in res.records[0].reason
+
+    def layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+        return tensor.shape, tensor.stride(), tensor.storage_offset()
+
+    for fn, make_args, restrided in [
+        (restride_argument, lambda: (torch.arange(6.0),), lambda args: args[0]),
+        (restride_constant, lambda: (torch.ones(2, 2),), lambda args: closed_over),
+    ]:
+        transformed = fxviews.transform(fn)
+        for _ in range(2):  # the first call (recorded) and a cached one
+            closed_over.as_strided_((6,), (1,), 0)
+            eager_args = make_args()
+            want, want_layout = fn(*eager_args), layout(restrided(eager_args))
+            closed_over.as_strided_((6,), (1,), 0)
+            args = make_args()
+            torch.testing.assert_close(transformed(*args), want)
+            assert layout(restrided(args)) == want_layout, fn.__name__
+
+
 def _hand_built_in_place_as_strided(read_input_again: bool) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
