@@ -85,11 +85,11 @@ test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
 	$(NEWEST_PY) -m pytest $(PYTEST_SUITE)
 
-# `make test-litert`: the LiteRT and JAX (torchax) runtimes' tests, in a virtualenv of their
-# own. litert-torch caps torch below 2.15 and (through xdsl) typing_extensions below 4.13, which
-# the main one cannot take; it brings JAX, so torchax costs 116 kB more. torchax 0.0.13 does not
-# import beside torch 2.13-2.15 as released: .ci/patch_torchax.py comments out its lines naming
-# ops this torch lacks (docs/runtimes.md).
+# `make test-litert`: the LiteRT and JAX (torchax) runtimes' tests and docs/runtimes.md's
+# recipes, in a virtualenv of their own. litert-torch caps torch below 2.15 and (through xdsl)
+# typing_extensions below 4.13, which the main one cannot take; it brings JAX, so torchax costs
+# 116 kB more. torchax 0.0.13 does not import beside torch 2.13-2.15 as released:
+# .ci/patch_torchax.py comments out its lines naming ops this torch lacks (docs/runtimes.md).
 LITERT_VENV ?= .venv-litert
 LITERT_PY := $(LITERT_VENV)/bin/python
 LITERT_STAMP := $(LITERT_VENV)/.fxviews-installed
@@ -104,7 +104,8 @@ $(LITERT_STAMP): pyproject.toml | $(LITERT_PY)
 	touch $(LITERT_STAMP)
 
 test-litert: $(LITERT_STAMP)
-	$(LITERT_PY) -m pytest -q -p no:cacheprovider tests/test_runtimes.py -k 'litert or jax'
+	$(LITERT_PY) -m pytest -q -p no:cacheprovider tests/test_runtimes.py tests/test_readme.py \
+		-k 'litert or jax or runtimes.md'
 
 demo: $(DEMO_STAMP)
 	$(PY) -m fxviews demo

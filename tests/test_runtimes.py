@@ -139,26 +139,24 @@ def _jax(ep: torch.export.ExportedProgram) -> Runner:
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime: how a program is converted and run, and the opset fxviews rewrites it for;
-    in an opset without ``unfold``, the model's own ``unfold`` is copied too (opt in)."""
+    """A runtime: how a program is converted and run, the opset fxviews rewrites it for, and
+    whether the model's own ``unfold`` is copied too (opt in, for a runtime without it)."""
 
     name: str
     package: str  # imported first: a runtime absent skips before any export
     convert: Callable[[torch.export.ExportedProgram], Runner]
     opset: str
-
-    @property
-    def copy_unfolds(self) -> bool:
-        return self.opset == "core_aten"
+    copy_unfolds: bool = False
 
 
 RUNTIMES = [
     Runtime("openvino", "openvino", _openvino, "aten"),
     Runtime("iree", "iree.turbine.aot", _iree, "aten"),
-    # TVM Relax and LiteRT lower no unfold: windows become copies (slices joined by cat).
-    Runtime("tvm", "tvm.relax", _tvm, "core_aten"),
-    Runtime("litert", "litert_torch", _litert, "core_aten"),
-    # torchax decomposes to core ATen before it translates.
+    # TVM Relax and LiteRT lower no unfold: windows, and the model's own unfolds, become copies
+    # (slices joined by cat).
+    Runtime("tvm", "tvm.relax", _tvm, "core_aten", copy_unfolds=True),
+    Runtime("litert", "litert_torch", _litert, "core_aten", copy_unfolds=True),
+    # torchax decomposes to core ATen before it translates, and lowers unfold.
     Runtime("jax", "torchax.export", _jax, "core_aten"),
 ]
 
