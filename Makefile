@@ -18,7 +18,7 @@ NEWEST_TORCH ?= ~=2.15.0
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 
-.PHONY: setup lint test test-newest-torch demo bench fuzz clean
+.PHONY: setup lint test test-newest-torch test-litert demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -85,6 +85,28 @@ test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
 	$(NEWEST_PY) -m pytest $(PYTEST_SUITE)
 
+# `make test-litert`: the LiteRT and JAX (torchax) runtimes' tests and docs/runtimes.md's
+# recipes, in a virtualenv of their own. litert-torch caps torch below 2.15 and (through xdsl)
+# typing_extensions below 4.13, which the main one cannot take; it brings JAX, so torchax costs
+# 116 kB more. torchax 0.0.13 does not import beside torch 2.13-2.15 as released:
+# .ci/patch_torchax.py comments out its lines naming ops this torch lacks (docs/runtimes.md).
+LITERT_VENV ?= .venv-litert
+LITERT_PY := $(LITERT_VENV)/bin/python
+LITERT_STAMP := $(LITERT_VENV)/.fxviews-installed
+
+$(LITERT_PY):
+	$(PYTHON) -m venv $(LITERT_VENV)
+
+$(LITERT_STAMP): pyproject.toml | $(LITERT_PY)
+	$(LITERT_PY) -m pip install -q --upgrade pip
+	$(LITERT_PY) -m pip install -q torch==$(TORCH_VERSION) -e '.[test,litert,jax]'
+	$(LITERT_PY) .ci/patch_torchax.py
+	touch $(LITERT_STAMP)
+
+test-litert: $(LITERT_STAMP)
+	$(LITERT_PY) -m pytest -q -p no:cacheprovider tests/test_runtimes.py tests/test_readme.py \
+		-k 'litert or jax or runtimes.md'
+
 demo: $(DEMO_STAMP)
 	$(PY) -m fxviews demo
 
@@ -92,4 +114,4 @@ bench: setup
 	$(PY) -m fxviews bench
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) build *.egg-info
+	rm -rf $(VENV) $(NEWEST_VENV) $(LITERT_VENV) build *.egg-info

@@ -3,9 +3,9 @@
 Each is a small ``torch.nn.Module`` whose exported program reads memory through an
 ``as_strided`` (or an ``unfold``) in a way some runtime lowers as if its input were contiguous:
 windows of an input, of a transposed product, of a slice; Longformer's chunks over a transposed
-head layout; the tangent of forward AD over an in-place write; stft frames; patches of an NHWC
-image; and a control without any. ``tests/test_executorch.py`` and ``tests/test_runtimes.py``
-share them.
+head layout; the tangent of forward AD over an in-place write; stft frames (taken by
+``as_strided``, and by ``torch.stft`` itself); patches of an NHWC image; and a control without
+any. ``tests/test_executorch.py`` and ``tests/test_runtimes.py`` share them.
 """
 
 from __future__ import annotations
@@ -99,6 +99,22 @@ class StftFeatures(torch.nn.Module):
         frames = frames * self.window
         power = (frames @ self.cos) ** 2 + (frames @ self.sin) ** 2
         return torch.log(power + 1e-6)
+
+
+class TorchStft(torch.nn.Module):
+    """Power spectrum by ``torch.stft`` of one channel of a (time, channel) signal: a strided
+    column, framed by stft itself (``unfold`` once decomposed to core ATen), windowed, FFT'd."""
+
+    def __init__(self, n_fft: int = 8, hop: int = 2) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("window", torch.hann_window(n_fft))
+
+    def forward(self, x):
+        spectrum = torch.stft(
+            x[:, 1], self.n_fft, self.hop, window=self.window, center=False, return_complex=True
+        )
+        return torch.view_as_real(spectrum).pow(2).sum(-1)
 
 
 class PushJvp(torch.nn.Module):

@@ -30,7 +30,7 @@ README = ROOT / "README.md"
 NOT_RUN = "<!-- not run"
 ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
 #: Modules of the optional extras: a block importing one is skipped without it.
-OPTIONAL = ONNX_EXTRA | {"executorch", "openvino", "iree", "tvm", "litert_torch"}
+OPTIONAL = ONNX_EXTRA | {"executorch", "openvino", "iree", "tvm", "litert_torch", "torchax"}
 
 
 @dataclass(frozen=True)
