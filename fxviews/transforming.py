@@ -48,16 +48,19 @@ made from such wrappers, passes only BatchedTensors of those logical sizes.
 Note [A transformed function inside torch.compile]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Dynamo traces Python it meets into its graph, and would trace ``transformed`` itself: its
-cache, locks and guards, none of which it can put in a graph, each refused with a warning,
-and under ``fullgraph=True`` an error about ``TensorGuards.check``. Inlining ``fn`` instead
-would give eager's reading of its ``as_strided`` nodes, not the transform's, and inlining the
-cached graph would hide the guards (module modes among them) from Dynamo's own, a stale graph
-after ``model.eval()``. So fxviews asks Dynamo to treat its package as it treats numpy's: a
-call of a transformed function is opaque Python to Dynamo, a graph break, run through the
-cache as outside ``torch.compile`` (its guards, its graph). ``torch.compile(outer,
-backend="fxviews")`` puts the whole of ``outer`` in one rewritten graph instead. The request
-is made by the first ``transform`` call of a process (fxviews' tracer has loaded Dynamo by
-then: fake tensors import it).
+cache, locks and guards, none of which it can put in a graph, each refused with a warning
+(and under ``fullgraph=True`` an error about ``TensorGuards.check``); after each refusal it
+would compile the frames the call runs, the user's function while fxviews records it among
+them. Inlining ``fn`` instead would give eager's reading of its ``as_strided`` nodes, not the
+transform's, and inlining the cached graph would hide the guards (module modes among them)
+from Dynamo's own: a stale graph after ``model.eval()``. So Dynamo is kept out of it as
+``torch.compiler.disable`` would (:func:`~fxviews.passes.torch_internals.run_outside_dynamo`,
+which costs a call nothing, where that wrapper costs ~0.6 us): the function ``transform``
+returns carries the mark Dynamo reads (a graph break at a call of it, with the reason given
+here), and its code runs, with every frame it calls, as plain Python: through the cache as
+outside ``torch.compile`` (its guards, its graph), the user's function included while it is
+recorded. ``torch.compile(outer, backend="fxviews")`` puts the whole of ``outer`` in one
+rewritten graph instead.
 """
 
 from __future__ import annotations
@@ -84,11 +87,11 @@ from fxviews.guards import (
 )
 from fxviews.passes.torch_internals import (
     disable_current_modes,
-    dynamo_skip_package,
     get_unwrapped,
     is_batchedtensor,
     is_functorch_wrapped_tensor,
     pytree,
+    run_outside_dynamo,
     temporarily_clear_interpreter_stack,
 )
 from fxviews.printouts import logger, report_rewrite
@@ -112,12 +115,12 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 #: How many input signatures a transformed function remembers by default.
 DEFAULT_CACHE_SIZE = 32
 
-
-@functools.cache
-def _keep_dynamo_out() -> None:
-    """Have Dynamo call fxviews' functions as opaque Python, once a process (Note [A
-    transformed function inside torch.compile])."""
-    dynamo_skip_package("fxviews")
+#: Why Dynamo graph-breaks at a transformed function (Note [A transformed function inside
+#: torch.compile]); Dynamo shows it in graph-break logs and fullgraph errors.
+_OUTSIDE_DYNAMO = (
+    "fxviews.transform runs its own cached, rewritten graph with its own guards; to compile "
+    "the caller as one rewritten graph, use torch.compile(caller, backend='fxviews')"
+)
 
 
 # What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
@@ -229,13 +232,12 @@ def transform(
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
     cache = _GraphCache(fn, strict=strict, maxsize=cache_size, functionalize=functionalize)
-    _keep_dynamo_out()
     clock = cache.clock  # the cache's own (never replaced)
 
     @functools.wraps(fn)
     def transformed(*args: Any, **kwargs: Any) -> Any:
-        # The hot call, written out (Note [The cached call]): the entry the last positional
-        # call used, if these tensors are of the kind it was checked against.
+        # The hot call, written out (Note [The cached call]): the entry the last
+        # positional call used, if these tensors are of the kind it was checked against.
         entry = cache.hot
         if (
             kwargs or entry is None or len(args) != entry.arity or not entry.same_kind(*args)  # type: ignore[misc]
@@ -253,6 +255,8 @@ def transform(
         entry.last_used = next(clock)
         return entry.rebuild(entry.forward(*args))  # type: ignore[misc]
 
+    # Note [A transformed function inside torch.compile]
+    run_outside_dynamo(transformed, _OUTSIDE_DYNAMO)  # type: ignore[arg-type]
     transformed.cache_info = cache.info  # type: ignore[attr-defined]
     transformed.cache_clear = cache.clear  # type: ignore[attr-defined]
     return transformed  # type: ignore[return-value]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,13 +82,19 @@ try:
         _set_view_replay_enabled as set_view_replay_enabled,
     )
 
-    # What Dynamo's guards check of the process state before reusing a graph (grad mode,
-    # autocast per device, default dtype, deterministic algorithms, TF32/reduced-precision
-    # matmul flags, torch function mode, thread count), snapshot in C++ and checked in ~0.2 us:
-    # transform's cache guards on the same set. 2.1.
-    # Dynamo's C++ check that tensors are of an example's kind (Python type, dispatch keys,
-    # dtype, device, requires_grad, sizes; strides where given): transform's hot call checks
-    # its positional tensors with it, ~80 ns a tensor. 2.1.
+    # Dynamo's frame hook's plan for a code object (set_code_exec_strategy, with a
+    # _FrameExecStrategy of two _FrameActions: for its frame, and for every frame it calls).
+    # As of 2.13. See run_outside_dynamo.
+    from torch._C._dynamo.eval_frame import _FrameAction as FrameAction
+    from torch._C._dynamo.eval_frame import _FrameExecStrategy as FrameExecStrategy
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+
+    # Dynamo's C++ guards, 2.1. GlobalStateGuard: what they check of the process state before
+    # reusing a graph (grad mode, autocast per device, default dtype, deterministic algorithms,
+    # TF32/reduced-precision matmul flags, torch function mode, thread count), snapshot and
+    # checked in ~0.2 us; transform's cache guards on the same set. TensorGuards: that tensors
+    # are of an example's kind (Python type, dispatch keys, dtype, device, requires_grad,
+    # sizes; strides where given); transform's hot call checks its tensors with it, ~80 ns each.
     from torch._C._dynamo.guards import GlobalStateGuard, TensorGuards
 
     # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
@@ -247,6 +254,20 @@ def install_graph(graph_module: torch.fx.GraphModule, graph: torch.fx.Graph) -> 
     graph.owning_module = graph_module
 
 
+def run_outside_dynamo(fn: types.FunctionType, reason: str) -> None:
+    """Keep Dynamo out of ``fn`` as ``torch.compiler.disable`` would, at no cost per call.
+
+    Dynamo graph-breaks at a call of a function marked ``_torchdynamo_disable`` (naming
+    ``_torchdynamo_disable_msg``: the marks ``torch.compiler.disable`` puts on its wrappers,
+    2.1), and runs the code of ``fn``, and every frame it calls, as plain Python (a SKIP, SKIP
+    frame plan for ``fn.__code__``, as of 2.13). Unlike that wrapper, which switches Dynamo's
+    frame hook off and on around every call (~0.6 us), nothing runs when ``fn`` is called.
+    """
+    set_code_exec_strategy(fn.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    fn._torchdynamo_disable = True  # type: ignore[attr-defined]
+    fn._torchdynamo_disable_msg = reason  # type: ignore[attr-defined]
+
+
 def op_schema(op: OpOverload) -> torch._C.FunctionSchema:
     """The schema of an aten operator overload (its ``_schema``, 1.12).
 
@@ -361,9 +382,6 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "lookup_backend": ("torch._dynamo", "lookup_backend"),
     "reset_dynamo": ("torch._dynamo", "reset"),
     "BackendCompilerFailed": ("torch._dynamo.exc", "BackendCompilerFailed"),
-    # Dynamo's skip list (trace_rules.add, 2.1): every frame in a package's files is called
-    # as opaque Python, never traced or compiled, as numpy's and tabulate's are.
-    "dynamo_skip_package": ("torch._dynamo.trace_rules", "add"),
     # Whether a symbolic size expression holds for every value its symbols may take (ONNX
     # export's exactness check; statically_known_true, 2.1). Its module loads sympy.
     "statically_known_true": (
@@ -443,6 +461,8 @@ BOUND_NAMES = (
     "CompileContext",
     "GlobalStateGuard",
     "TensorGuards",
+    "run_outside_dynamo",
+    "run_outside_dynamo",
     "has_same_storage_numel",
     "to_copy",
     "efficient_zero_tensor",
