@@ -74,6 +74,7 @@ from .as_strided_calls import as_strided_op, bind_as_strided
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
 from .op_tables import is_view_op
+from .random_state import forked_rng
 from .torch_internals import OpOverload, pytree
 
 aten = torch.ops.aten
@@ -328,24 +329,38 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
             if key in _EAGER_RUNS:
                 _EAGER_RUNS.move_to_end(key)
                 return _EAGER_RUNS[key]
-    real_args, real_kwargs = pytree.tree_map(
-        lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
-    )
     try:
-        out = run(*real_args, **real_kwargs)
-        result = pytree.tree_map(_layout_of, out)
-    except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        result = _Unchecked(
-            f"the eager kernel of {op_name(node.target)} ({node.name!r}) fails on zeros of the "
-            f"traced layouts ({type(err).__name__}: {first})"
+        # On the traced device: a kernel's layouts may differ between devices (CUDA's from
+        # CPU's), and one this process cannot reach (fake CUDA tensors on a machine without
+        # CUDA) leaves the layout unchecked rather than checked on another device.
+        real_args, real_kwargs = pytree.tree_map(
+            lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
         )
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError
+        result = _Unchecked(
+            f"no tensor for the eager kernel of {op_name(node.target)} ({node.name!r}) can be "
+            f"made on its traced device here ({_first_line(err)})"
+        )
+    else:
+        try:
+            out = run(*real_args, **real_kwargs)
+            result = pytree.tree_map(_layout_of, out)
+        except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
+            result = _Unchecked(
+                f"the eager kernel of {op_name(node.target)} ({node.name!r}) fails on zeros of "
+                f"the traced layouts ({_first_line(err)})"
+            )
     if key is not None:
         with _EAGER_RUNS_LOCK:
             _EAGER_RUNS[key] = result
             if len(_EAGER_RUNS) > _CACHE_SIZE:
                 _EAGER_RUNS.popitem(last=False)
     return result
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _frozen(value: Any) -> Any:
@@ -437,13 +452,7 @@ def _describe(layouts: Any) -> str:
 @contextlib.contextmanager
 def _quiet_and_seeded(nodes: Iterable[torch.fx.Node]) -> Iterator[None]:
     """Eager runs leave no trace: no autograd graph, no warnings, the random state restored."""
-    devices = {
-        v.device.index or 0
-        for n in nodes
-        for v in pytree.tree_leaves(_value(n))
-        if isinstance(v, torch.Tensor) and v.device.type == "cuda"
-    }
-    with torch.random.fork_rng(devices=sorted(devices)), warnings.catch_warnings():
+    with forked_rng([_value(n) for n in nodes]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
             yield
