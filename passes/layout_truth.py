@@ -19,13 +19,16 @@ fake strides against real ones:
    any op back to the graph inputs, the eager layout is computed in graph order: the node's
    eager kernel runs on fresh zero tensors with the *eager* layouts of its tensor arguments
    (their traced dtypes, devices and storage sizes; symbolic sizes at their trace-time
-   values), and its result's layout is read. A node whose eager layout equals its recorded one
-   (:func:`~.geometry.equivalent`) agrees; one that differs while its arguments agree is the
-   *origin* of the disagreement; a difference its consumer absorbs (a ``clone`` to contiguous)
-   stops there. A view op of inputs that agree is not run: view kernels compute their
-   layouts with one implementation for meta and eager tensors (the engine's own chain
-   verification on meta tensors stands on the same fact), and the sweep in
-   ``tests/test_layout_truth.py`` finds no view op that disagrees.
+   values), and its result's layout is read. The device is the traced one, since a kernel's
+   layout may differ between devices (CUDA's from CPU's). The meta device has no eager
+   kernels (its kernels are the fake ones, the very layouts under check), and a graph traced
+   there is run elsewhere: its kernels' layouts are left unchecked. A node whose eager
+   layout equals its recorded one (:func:`~.geometry.equivalent`) agrees; one that differs
+   while its arguments agree is the *origin* of the disagreement; a difference its consumer
+   absorbs (a ``clone`` to contiguous) stops there. A view op of inputs that agree is not
+   run: view kernels compute their layouts with one implementation for meta and eager
+   tensors (the engine's own chain verification on meta tensors stands on the same fact), and
+   the sweep in ``tests/test_layout_truth.py`` finds no view op that disagrees.
 3. **Once per (op, geometry).** Each run is cached process-wide under the op and its
    arguments' layouts and values, so a graph pays once per distinct call, and a retrace or
    another graph with the same calls pays nothing. Random ops run with the random state
@@ -36,8 +39,9 @@ fake strides against real ones:
    steps (pinning must not force the traced layout on its memory). A scatter's ``src`` is
    read by its logical values, so its layout is not a fact the proof uses. Where the eager
    layout cannot be computed (an op that is not aten's, prims' or a torch function, a
-   higher-order op, a kernel that fails on zeros) the node is kept too, saying why: a layout
-   that could not be checked is not proven.
+   higher-order op, a kernel that fails on zeros, an argument on the meta device or on one
+   this process cannot reach) the node is kept too, saying why: a layout that could not be
+   checked is not proven.
 
 Only the layouts are compared (sizes, strides of dims of size > 1, storage offset), never
 values. With symbolic shapes the check runs at the trace-time sizes (the symbols' hints): a
@@ -218,6 +222,11 @@ class LayoutTruth:
             eager = self._eager.get(node)
             if not isinstance(eager, Geometry):
                 raise _NotRunnable(f"its argument {node.name!r} has no eager layout")
+            if val.device.type == "meta":  # see Note, 2
+                raise _NotRunnable(
+                    f"its argument {node.name!r} was traced on the meta device, which has no "
+                    "eager kernels"
+                )
             storage = eager.storage_extent()
             if whole_storage:
                 storage = max(storage, _storage_elements(val))

@@ -430,3 +430,18 @@ def test_eager_layouts_are_computed_on_the_traced_device() -> None:
         assert reachable_cuda_devices([x]) == []
         assert record.method == "kept", record
         assert "could not be checked" in record.reason and "traced device" in record.reason
+
+
+def test_a_graph_traced_on_the_meta_device_keeps_what_it_cannot_check() -> None:
+    """Meta kernels are the fake ones, so a check run on meta tensors would confirm the very
+    layouts it checks, and a graph traced there runs on another device. roll of a
+    channels_last input, traced on meta, run on CPU: the node is kept, and right."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return _window(torch.roll(x, shifts=-1, dims=0))
+
+    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    result = fxviews.rewrite(make_fx(fn)(x.to("meta")))
+    [record] = result.records
+    assert record.method == "kept" and "meta device" in record.reason, record
+    torch.testing.assert_close(result.graph_module(x), fn(x))
