@@ -18,7 +18,7 @@ NEWEST_TORCH ?= ~=2.15.0
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 
-.PHONY: setup lint test test-newest-torch test-litert demo bench fuzz clean
+.PHONY: setup lint test test-device test-newest-torch test-litert demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -50,11 +50,21 @@ lint: setup
 # test running over TEST_TIMEOUT seconds fails with every thread's stack (pytest-timeout).
 TEST_WORKERS ?= 2
 TEST_TIMEOUT ?= 900
-PYTEST_SUITE := -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-	--max-worker-restart 0 --timeout $(TEST_TIMEOUT) tests
+PYTEST_OPTIONS := -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	--max-worker-restart 0 --timeout $(TEST_TIMEOUT)
+PYTEST_SUITE := $(PYTEST_OPTIONS) tests
 
 test: lint
 	$(PY) -m pytest $(PYTEST_SUITE)
+
+# `make test-device DEVICE=cuda` (or cuda:1, ...): the differential tests (the files listed in
+# tests/on_device.sh) with their samples on DEVICE, through FXVIEWS_TEST_DEVICE, in $(VENV). A
+# device this machine lacks fails them at collection, saying so; the rest of the suite is
+# `make test`'s, on CPU.
+DEVICE ?= cuda
+
+test-device: setup
+	DEVICE=$(DEVICE) PYTHON=$(PY) PYTEST_ARGS='$(PYTEST_OPTIONS)' tests/on_device.sh
 
 # `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
 # FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential

@@ -57,6 +57,7 @@ from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.layout_truth import REAL_LAYOUTS
+from fxviews.passes.random_state import forked_rng
 from fxviews.passes.source_lines import internal_frame
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
@@ -337,7 +338,7 @@ def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.
     real_args = _real_examples(args, fresh=True)
     guard = TraceGuard(real_args, dense_zero_tangents=True)
     values = exact_fake_mode(allow_non_fake_inputs=True)
-    with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
+    with preserved_torch_state(), forked_rng(list(args)):
         return traced_under_guard(lambda f: record(f, real_args, values), call, guard)
 
 
@@ -582,7 +583,7 @@ def _capture_real(
     real_args = _real_examples(args, fresh)
     guard = TraceGuard(real_args, refuse_data_dependent=True)
     try:
-        with preserved_torch_state(), torch.random.fork_rng(devices=_cuda_devices(args)):
+        with preserved_torch_state(), forked_rng(list(args)):
             gm = traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
     except DataDependentOp as err:
         raise TracingError(
@@ -660,16 +661,6 @@ def _real_device(value: torch.Tensor) -> torch.device:
     if isinstance(value, FakeTensor):
         return value.fake_device
     return torch.device("cpu") if value.device.type == "meta" else value.device
-
-
-def _cuda_devices(args: Sequence[Any]) -> list[int]:
-    """The CUDA devices among ``args``: the ones whose generators a real trace may advance."""
-    devices = {
-        leaf.device.index or 0
-        for leaf in pytree.tree_leaves(list(args))
-        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda"
-    }
-    return sorted(devices)
 
 
 def _recompute_layouts(

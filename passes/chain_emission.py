@@ -35,10 +35,13 @@ def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
     -----------------------------------
     A FakeTensorMode dispatch costs a fraction of a millisecond per op: on a graph with
     thousands of emitted views, most of the pass. A fake tensor is a wrapper whose data is a meta
-    tensor, so with dispatch modes off the view op runs its own kernel on that meta tensor: the
-    result has the op's exact sizes, strides and offset, and shares the input's storage (the
-    storage identity alias checks compare). Wrapping it as a fake tensor of the input's mode and
-    device gives what the dispatch returns: same geometry, dtype, device, storage and mode.
+    tensor, so with dispatch modes off the view op runs its meta kernel on a meta tensor of the
+    input's geometry over that storage: the result has the op's exact sizes, strides and
+    offset, and shares the input's storage (the storage identity alias checks compare). (Run on
+    the fake tensor itself, the op would go to the kernel of its fake device, which a torch
+    built without that backend lacks: fake CUDA tensors on a CPU-only build.) Wrapping it as a
+    fake tensor of the input's mode and device gives what the dispatch returns: same geometry,
+    dtype, device, storage and mode.
     Left to the dispatch: inputs that require grad (the dispatch returns a non-leaf with a
     grad_fn), fake constants (the dispatch computes the op on the constant too), symbolic
     geometry (the meta kernel would guard on it), and ops outside :data:`LAYOUT_VIEWS`.
@@ -63,8 +66,10 @@ def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
     if not all(type(v) is int for v in geometry) or not _is_static(args):
         return None
     with no_dispatch():
+        meta = torch.empty(0, dtype=val.dtype, device="meta")
+        meta.set_(val.untyped_storage(), val.storage_offset(), val.shape, val.stride())
         try:
-            out = op(val, *args)
+            out = op(meta, *args)
         except RuntimeError:
             if copies_where_view_fails:
                 return None  # not viewable: reshape copies, the dispatch says how

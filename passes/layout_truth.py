@@ -19,13 +19,16 @@ fake strides against real ones:
    any op back to the graph inputs, the eager layout is computed in graph order: the node's
    eager kernel runs on fresh zero tensors with the *eager* layouts of its tensor arguments
    (their traced dtypes, devices and storage sizes; symbolic sizes at their trace-time
-   values), and its result's layout is read. A node whose eager layout equals its recorded one
-   (:func:`~.geometry.equivalent`) agrees; one that differs while its arguments agree is the
-   *origin* of the disagreement; a difference its consumer absorbs (a ``clone`` to contiguous)
-   stops there. A view op of inputs that agree is not run: view kernels compute their
-   layouts with one implementation for meta and eager tensors (the engine's own chain
-   verification on meta tensors stands on the same fact), and the sweep in
-   ``tests/test_layout_truth.py`` finds no view op that disagrees.
+   values), and its result's layout is read. The device is the traced one, since a kernel's
+   layout may differ between devices (CUDA's from CPU's). The meta device has no eager
+   kernels (its kernels are the fake ones, the very layouts under check), and a graph traced
+   there is run elsewhere: its kernels' layouts are left unchecked. A node whose eager
+   layout equals its recorded one (:func:`~.geometry.equivalent`) agrees; one that differs
+   while its arguments agree is the *origin* of the disagreement; a difference its consumer
+   absorbs (a ``clone`` to contiguous) stops there. A view op of inputs that agree is not
+   run: view kernels compute their layouts with one implementation for meta and eager
+   tensors (the engine's own chain verification on meta tensors stands on the same fact), and
+   the sweep in ``tests/test_layout_truth.py`` finds no view op that disagrees.
 3. **Once per (op, geometry).** Each run is cached process-wide under the op and its
    arguments' layouts and values, so a graph pays once per distinct call, and a retrace or
    another graph with the same calls pays nothing. Random ops run with the random state
@@ -36,8 +39,9 @@ fake strides against real ones:
    steps (pinning must not force the traced layout on its memory). A scatter's ``src`` is
    read by its logical values, so its layout is not a fact the proof uses. Where the eager
    layout cannot be computed (an op that is not aten's, prims' or a torch function, a
-   higher-order op, a kernel that fails on zeros) the node is kept too, saying why: a layout
-   that could not be checked is not proven.
+   higher-order op, a kernel that fails on zeros, an argument on the meta device or on one
+   this process cannot reach) the node is kept too, saying why: a layout that could not be
+   checked is not proven.
 
 Only the layouts are compared (sizes, strides of dims of size > 1, storage offset), never
 values. With symbolic shapes the check runs at the trace-time sizes (the symbols' hints): a
@@ -74,6 +78,7 @@ from .as_strided_calls import as_strided_op, bind_as_strided
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
 from .op_tables import is_view_op
+from .random_state import forked_rng
 from .torch_internals import OpOverload, pytree
 
 aten = torch.ops.aten
@@ -217,6 +222,11 @@ class LayoutTruth:
             eager = self._eager.get(node)
             if not isinstance(eager, Geometry):
                 raise _NotRunnable(f"its argument {node.name!r} has no eager layout")
+            if val.device.type == "meta":  # see Note, 2
+                raise _NotRunnable(
+                    f"its argument {node.name!r} was traced on the meta device, which has no "
+                    "eager kernels"
+                )
             storage = eager.storage_extent()
             if whole_storage:
                 storage = max(storage, _storage_elements(val))
@@ -328,24 +338,38 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
             if key in _EAGER_RUNS:
                 _EAGER_RUNS.move_to_end(key)
                 return _EAGER_RUNS[key]
-    real_args, real_kwargs = pytree.tree_map(
-        lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
-    )
     try:
-        out = run(*real_args, **real_kwargs)
-        result = pytree.tree_map(_layout_of, out)
-    except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        result = _Unchecked(
-            f"the eager kernel of {op_name(node.target)} ({node.name!r}) fails on zeros of the "
-            f"traced layouts ({type(err).__name__}: {first})"
+        # On the traced device: a kernel's layouts may differ between devices (CUDA's from
+        # CPU's), and one this process cannot reach (fake CUDA tensors on a machine without
+        # CUDA) leaves the layout unchecked rather than checked on another device.
+        real_args, real_kwargs = pytree.tree_map(
+            lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
         )
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError
+        result = _Unchecked(
+            f"no tensor for the eager kernel of {op_name(node.target)} ({node.name!r}) can be "
+            f"made on its traced device here ({_first_line(err)})"
+        )
+    else:
+        try:
+            out = run(*real_args, **real_kwargs)
+            result = pytree.tree_map(_layout_of, out)
+        except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
+            result = _Unchecked(
+                f"the eager kernel of {op_name(node.target)} ({node.name!r}) fails on zeros of "
+                f"the traced layouts ({_first_line(err)})"
+            )
     if key is not None:
         with _EAGER_RUNS_LOCK:
             _EAGER_RUNS[key] = result
             if len(_EAGER_RUNS) > _CACHE_SIZE:
                 _EAGER_RUNS.popitem(last=False)
     return result
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _frozen(value: Any) -> Any:
@@ -437,13 +461,7 @@ def _describe(layouts: Any) -> str:
 @contextlib.contextmanager
 def _quiet_and_seeded(nodes: Iterable[torch.fx.Node]) -> Iterator[None]:
     """Eager runs leave no trace: no autograd graph, no warnings, the random state restored."""
-    devices = {
-        v.device.index or 0
-        for n in nodes
-        for v in pytree.tree_leaves(_value(n))
-        if isinstance(v, torch.Tensor) and v.device.type == "cuda"
-    }
-    with torch.random.fork_rng(devices=sorted(devices)), warnings.catch_warnings():
+    with forked_rng([_value(n) for n in nodes]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
             yield

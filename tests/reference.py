@@ -16,14 +16,21 @@ sample at a time. These helpers keep that honest:
   input but a different memory layout (permuted strides; step-sliced storage with an offset).
 * :func:`in_dims_sweep` lists ``in_dims`` tuples that put the batch dim of every input at every
   position it can take.
+* :data:`TEST_DEVICE` is the device the differential tests run on: ``FXVIEWS_TEST_DEVICE``
+  (``cpu`` when unset; ``cuda``, ``cuda:1``, ...). :func:`make_samples` and :func:`randn` put
+  their values there, :func:`on_test_device` moves tensors and modules there, and
+  :func:`rng_states` reads the random streams a run on it advances. A device this machine
+  lacks fails the import of this module, so every test built on it fails at collection saying
+  so, rather than running on CPU.
 
 Import them as ``from tests.reference import ...`` (``tests`` is a package).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +38,8 @@ from fxviews.passes.torch_internals import pytree
 
 __all__ = [
     "AS_STRIDED_FAMILY",
+    "DEVICE_ENV",
+    "TEST_DEVICE",
     "InDims",
     "Sample",
     "as_strided_nodes",
@@ -42,7 +51,10 @@ __all__ = [
     "nested_per_sample_reference",
     "nested_stack_batched",
     "noncontiguous_variants",
+    "on_test_device",
     "per_sample_reference",
+    "randn",
+    "rng_states",
     "stable_seed",
     "stack_batched",
     "strided_copy",
@@ -53,6 +65,89 @@ __all__ = [
 Sample = tuple[torch.Tensor, ...]
 #: ``in_dims`` for ``torch.func.vmap``: one entry per positional argument, ``None`` = unbatched.
 InDims = tuple[int | None, ...]
+
+#: The environment variable that names the device of the differential tests.
+DEVICE_ENV = "FXVIEWS_TEST_DEVICE"
+
+
+def _test_device() -> torch.device:
+    """The device :data:`DEVICE_ENV` names, checked by allocating on it (``cpu`` if unset).
+
+    A name torch does not know, or a device this machine lacks (``cuda`` on a build or machine
+    without CUDA, an index past the last GPU), raises here with the variable's value: tests
+    asked to run on a device must never quietly run on another one.
+    """
+    name = os.environ.get(DEVICE_ENV, "").strip() or "cpu"
+    try:
+        # An unavailable backend or index raises only on use; the tensor's device also gives
+        # "cuda" its index, so results compare equal to it.
+        device = torch.empty(1, device=torch.device(name)).device
+        if device.type == "meta":
+            raise ValueError("meta tensors hold no values to compare")
+        return device
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError too
+        raise RuntimeError(
+            f"{DEVICE_ENV}={name!r}: the differential tests cannot run on that device here "
+            f"({type(err).__name__}: {str(err).strip().splitlines()[0]}). Unset it to run "
+            "them on CPU."
+        ) from err
+
+
+#: The device every sample of the differential tests lives on (see :func:`_test_device`).
+TEST_DEVICE: torch.device = _test_device()
+if TEST_DEVICE.type == "cuda":
+    # cuDNN convolutions default to TF32 for float32, whose rounding differs between a batched
+    # and a per-sample call far beyond the tolerances the comparisons use: full float32 here
+    # (matmuls already default to it). The legacy flag: setting only the newer per-operator
+    # one (cudnn.conv.fp32_precision) makes reading this one raise, on torch 2.13.
+    torch.backends.cudnn.allow_tf32 = False
+
+_Movable = TypeVar("_Movable")
+
+
+def on_test_device(value: _Movable) -> _Movable:
+    """``value`` on :data:`TEST_DEVICE`: a module (moved in place), or a pytree of tensors.
+
+    Values are moved, never redrawn, so a test sees the same numbers on every device (on the
+    default CPU device nothing is copied).
+
+    Example::
+
+        >>> on_test_device((torch.zeros(2), 3))[0].device == TEST_DEVICE
+        True
+    """
+    if isinstance(value, torch.nn.Module):
+        return value.to(TEST_DEVICE)
+    return pytree.tree_map(lambda v: v.to(TEST_DEVICE) if isinstance(v, torch.Tensor) else v, value)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``torch.randn(*shape)`` drawn from the global CPU generator (a seeded test sees the same
+    values on every device), on :data:`TEST_DEVICE`.
+
+    Example::
+
+        >>> torch.manual_seed(0); a = randn(2); torch.manual_seed(0)
+        >>> torch.equal(a.cpu(), torch.randn(2))
+        True
+    """
+    return torch.randn(*shape, dtype=dtype).to(TEST_DEVICE)
+
+
+def rng_states() -> tuple[torch.Tensor, ...]:
+    """The random streams a run on :data:`TEST_DEVICE` may advance: the CPU generator's state,
+    and the device's own generator's where it has one (CUDA draws dropout masks from that).
+
+    Example::
+
+        >>> torch.manual_seed(0); before = rng_states(); torch.rand(1, device=TEST_DEVICE)
+        >>> any(not torch.equal(a, b) for a, b in zip(before, rng_states()))
+        True
+    """
+    if TEST_DEVICE.type == "cuda":
+        return torch.get_rng_state(), torch.cuda.get_rng_state(TEST_DEVICE)
+    return (torch.get_rng_state(),)
+
 
 #: Every aten overload whose semantics bake sizes/strides/offset into the graph.
 AS_STRIDED_FAMILY: frozenset[Any] = frozenset(
@@ -95,12 +190,16 @@ def make_samples(
 ) -> list[Sample]:
     """``batch`` independent samples; sample ``b`` is a tuple of fresh tensors of ``shapes``.
 
-    Values come from a private generator seeded with ``seed``, so the same call always returns
-    the same tensors (test parametrizations may cache traces built from ``samples[0]``).
+    Values come from a private CPU generator seeded with ``seed``, so the same call always
+    returns the same tensors (test parametrizations may cache traces built from
+    ``samples[0]``), on every device; they live on :data:`TEST_DEVICE`.
     """
     gen = torch.Generator().manual_seed(seed)
     return [
-        tuple(torch.randn(tuple(shape), generator=gen, dtype=dtype) for shape in shapes)
+        tuple(
+            torch.randn(tuple(shape), generator=gen, dtype=dtype).to(TEST_DEVICE)
+            for shape in shapes
+        )
         for _ in range(batch)
     ]
 
@@ -274,11 +373,11 @@ def strided_copy(t: torch.Tensor, step: int = 2, offset: int = 1) -> torch.Tenso
     elements belongs to the buffer (filled with NaN: reading it shows up in any comparison).
     """
     if t.dim() == 0:
-        buffer = torch.full((offset + 1,), float("nan"), dtype=t.dtype)
+        buffer = torch.full((offset + 1,), float("nan"), dtype=t.dtype, device=t.device)
         result = buffer[offset]
     else:
         big_shape = [offset + step * size for size in t.shape]
-        buffer = torch.full(big_shape, float("nan"), dtype=t.dtype)
+        buffer = torch.full(big_shape, float("nan"), dtype=t.dtype, device=t.device)
         index = tuple(slice(offset, offset + step * size, step) for size in t.shape)
         result = buffer[index]
     result.copy_(t)

@@ -72,9 +72,11 @@ def assert_same_fake(actual: object, expected: object, where: str) -> None:
     assert getattr(actual, "fake_mode", None) is getattr(expected, "fake_mode", None), where
 
 
-def base_in(mode: FakeTensorMode, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def base_in(
+    mode: FakeTensorMode, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> torch.Tensor:
     with mode:
-        return torch.empty(40, dtype=dtype).as_strided((4, 6), (7, 1), 3)
+        return torch.empty(40, dtype=dtype, device=device).as_strided((4, 6), (7, 1), 3)
 
 
 def test_every_layout_view_has_arguments_here() -> None:
@@ -87,6 +89,17 @@ def test_fake_view_value_equals_the_dispatched_value(op, dtype) -> None:
     mode = FakeTensorMode()
     mode.cache_enabled = False
     x = base_in(mode, dtype)
+    args = VIEW_ARGS[op]
+    assert_same_fake(fake_view_value(op, x, *args), op(x, *args), str(op))
+
+
+@pytest.mark.parametrize("op", sorted(VIEW_ARGS, key=str), ids=str)
+def test_fake_view_value_of_a_fake_cuda_tensor(op) -> None:
+    """A graph traced on fake CUDA tensors, rewritten on any build (a CPU-only one too, whose
+    CUDA backend has no kernels): the dispatched value, device included."""
+    mode = FakeTensorMode()
+    mode.cache_enabled = False
+    x = base_in(mode, device="cuda")
     args = VIEW_ARGS[op]
     assert_same_fake(fake_view_value(op, x, *args), op(x, *args), str(op))
 

@@ -25,7 +25,15 @@ import fxviews
 from fxviews.bench import models
 from fxviews.guards import StateGuard
 from tests.fresh_python import run_fresh_python
-from tests.reference import assert_tree_close, per_sample_reference, stack_batched
+from tests.reference import (
+    TEST_DEVICE,
+    assert_tree_close,
+    on_test_device,
+    per_sample_reference,
+    randn,
+    rng_states,
+    stack_batched,
+)
 
 # --------------------------------------------------------------------------------------------
 # Harness: the same calls through fxviews and eagerly, from the same random state.
@@ -33,16 +41,19 @@ from tests.reference import assert_tree_close, per_sample_reference, stack_batch
 
 
 def conv_bn_stack() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Dropout(0.3),
-        nn.Conv2d(4, 4, 3, stride=2),
-        nn.BatchNorm2d(4, momentum=0.5),
-        nn.Flatten(),
-        nn.Linear(4 * 3 * 3, 5),
-        nn.BatchNorm1d(5),
+    """Conv, BatchNorm, Dropout, strided conv, Linear: on the test device."""
+    return on_test_device(
+        nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Conv2d(4, 4, 3, stride=2),
+            nn.BatchNorm2d(4, momentum=0.5),
+            nn.Flatten(),
+            nn.Linear(4 * 3 * 3, 5),
+            nn.BatchNorm1d(5),
+        )
     )
 
 
@@ -69,7 +80,8 @@ def run_twice(
 ) -> None:
     """Run ``calls`` (each given the model and the function to call) on ``model`` through
     ``through_fxviews(model)`` and on a deep copy eagerly, from the same seed; after every call
-    the outputs, the models' state and the random stream must be equal."""
+    the outputs, the models' state and the random streams (CPU's and the test device's) must
+    be equal."""
     twin = copy.deepcopy(model)
     transformed = through_fxviews(model)
     seed = torch.seed()
@@ -78,7 +90,7 @@ def run_twice(
     for call in calls:
         outputs.append(call(model, transformed))
         states.append(state_of(model))
-        streams.append(torch.get_rng_state())
+        streams.append(rng_states())
     torch.manual_seed(seed)
     for i, call in enumerate(calls):
         expected = call(twin, twin)
@@ -87,7 +99,8 @@ def run_twice(
             torch.testing.assert_close(
                 states[i][name], value, msg=lambda m, n=name, i=i: f"call {i}, {n}: {m}"
             )
-        assert torch.equal(streams[i], torch.get_rng_state()), f"random stream differs after {i}"
+        for before, now in zip(streams[i], rng_states(), strict=True):
+            assert torch.equal(before, now), f"random stream differs after call {i}"
 
 
 def plain(model: nn.Module) -> Callable[..., Any]:
@@ -132,9 +145,9 @@ def set_mode(training: bool, x: torch.Tensor) -> Callable[[nn.Module, Callable[.
 def test_mode_flips_follow_eager(path: Callable[[nn.Module], Callable[..., Any]]) -> None:
     """train -> eval -> train -> eval: Dropout and BatchNorm behave as eager in every phase, and
     an entry traced for a mode is found again when the mode comes back."""
-    x = torch.randn(8, 6)
+    x = randn(8, 6)
     modes = [True, True, False, False, True, False]
-    run_twice(mlp_dropout_bn(), path, [set_mode(m, x) for m in modes])
+    run_twice(on_test_device(mlp_dropout_bn()), path, [set_mode(m, x) for m in modes])
 
 
 _INSIDE_COMPILE = """
@@ -315,7 +328,7 @@ def test_train_mode_conv_bn_state_after_each_call(
     """N calls of a train-mode conv+BN stack at three batch sizes (each a new signature, each
     repeated): running stats, num_batches_tracked, outputs and random stream as eager's."""
     torch.manual_seed(0)
-    calls = [call_with(torch.randn(b, 3, 8, 8)) for b in (2, 2, 3, 5, 3, 2)]
+    calls = [call_with(randn(b, 3, 8, 8)) for b in (2, 2, 3, 5, 3, 2)]
     model = conv_bn_stack()
     run_twice(model, path, calls)
 
@@ -327,8 +340,8 @@ def test_train_mode_conv_bn_state_on_layouts_eager_produces(layout: str) -> None
 
     def laid_out(batch: int) -> torch.Tensor:
         if layout == "channels_last":
-            return torch.randn(batch, 3, 8, 8).to(memory_format=torch.channels_last)
-        return torch.randn(batch, 3, 8, 16)[..., ::2]
+            return randn(batch, 3, 8, 8).to(memory_format=torch.channels_last)
+        return randn(batch, 3, 8, 16)[..., ::2]
 
     torch.manual_seed(0)
     calls = [call_with(laid_out(b)) for b in (2, 3, 2)]
@@ -341,16 +354,16 @@ def test_train_mode_models_state_after_each_call(name: str) -> None:
     depthwise convs and BN; attention blocks with Dropout) trained as written: N train-mode
     calls at two batch sizes, then an eval-mode call, each compared with an eager twin on
     outputs, every buffer and parameter, and the random stream."""
-    model = models.build(name).train()
+    model = on_test_device(models.build(name).train())
     shape = models.sample_shape(name)
     torch.manual_seed(0)
-    train = [call_with(torch.randn(b, *shape)) for b in (2, 2, 3, 2)]
-    run_twice(model, plain, [*train, set_mode(False, torch.randn(2, *shape))])
+    train = [call_with(randn(b, *shape)) for b in (2, 2, 3, 2)]
+    run_twice(model, plain, [*train, set_mode(False, randn(2, *shape))])
 
 
 def test_conv_bn_stack_runs_as_a_graph() -> None:
     tf = fxviews.transform(conv_bn_stack())
-    tf(torch.randn(2, 3, 8, 8))
+    tf(randn(2, 3, 8, 8))
     assert tf.cache_info().eager == 0
 
 
@@ -359,10 +372,10 @@ def test_cumulative_batch_norm_reads_its_counter_every_call(
 ) -> None:
     """BatchNorm with momentum=None computes its factor as 1 / float(num_batches_tracked) in
     Python: a graph would keep the first call's factor. It runs eagerly, with eager's state."""
-    bn, twin = nn.BatchNorm1d(3, momentum=None), nn.BatchNorm1d(3, momentum=None)
+    bn, twin = (on_test_device(nn.BatchNorm1d(3, momentum=None)) for _ in range(2))
     tf = fxviews.transform(bn)
     for _ in range(3):
-        x = torch.randn(4, 3)
+        x = randn(4, 3)
         torch.testing.assert_close(tf(x), twin(x))
         assert_same_state(bn, twin)
     assert tf.cache_info().eager == 1
@@ -380,7 +393,7 @@ def test_state_parity_under_vmap_of_per_sample_grads() -> None:
         return functional_call(model, p, (x.unsqueeze(0),)).square().sum()
 
     grads = vmap(fxviews.transform(torch.func.grad(loss)), in_dims=(None, 0))(
-        params, torch.randn(4, 3, 8, 8)
+        params, randn(4, 3, 8, 8)
     )
     assert all(g.shape[0] == 4 for g in grads.values())
     for name, value in state_of(model).items():
@@ -393,9 +406,10 @@ class NormsOverClosedStats(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.instance = nn.InstanceNorm1d(4, track_running_stats=True)
-        self.mean = torch.zeros(4)  # not buffers: closed-over plain tensors
-        self.var = torch.ones(4)
-        self.count = torch.zeros(())
+        # Not buffers: closed-over plain tensors (which Module.to does not move).
+        self.mean = torch.zeros(4, device=TEST_DEVICE)
+        self.var = torch.ones(4, device=TEST_DEVICE)
+        self.count = torch.zeros((), device=TEST_DEVICE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.batch_norm(x, self.mean, self.var, training=True, momentum=0.2)
@@ -407,11 +421,11 @@ class NormsOverClosedStats(nn.Module):
 
 
 def test_instance_norm_and_closed_over_stats_after_each_call() -> None:
-    model = NormsOverClosedStats()
+    model = on_test_device(NormsOverClosedStats())
     twin = copy.deepcopy(model)
     tf = fxviews.transform(model)
     for step in range(4):
-        x = torch.randn(3, 4, 6)
+        x = randn(3, 4, 6)
         torch.testing.assert_close(tf(x), twin(x))
         assert_same_state(model, twin)
         for got, want in zip(model.closed_over(), twin.closed_over(), strict=True):
@@ -427,10 +441,10 @@ def data_dependent_bn(bn: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def test_eager_fallback_updates_state_once() -> None:
-    bn, twin = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    bn, twin = (on_test_device(nn.BatchNorm1d(3)) for _ in range(2))
     tf = fxviews.transform(data_dependent_bn(bn))
     for _ in range(3):
-        x = torch.randn(4, 3)
+        x = randn(4, 3)
         torch.testing.assert_close(tf(x), data_dependent_bn(twin)(x))
         assert_same_state(bn, twin)
     assert tf.cache_info().eager == 1
@@ -443,7 +457,8 @@ def through_item(model: nn.Module) -> Callable[..., Any]:
 
 
 def test_fake_mode_path_state_after_each_call() -> None:
-    run_twice(mlp_dropout_bn(), through_item, [call_with(torch.randn(4, 6)) for _ in range(3)])
+    calls = [call_with(randn(4, 6)) for _ in range(3)]
+    run_twice(on_test_device(mlp_dropout_bn()), through_item, calls)
 
 
 # --- every aten op that writes an argument other than self, by its schema --------------------
@@ -760,5 +775,5 @@ def test_zoo_models_in_train_mode_keep_eager_state() -> None:
     if zoo.unavailable("torchvision"):
         pytest.skip(zoo.unavailable("torchvision"))
     torch.manual_seed(0)
-    calls = [call_with(torch.randn(b, 3, 32, 32)) for b in (2, 3, 2)]
-    run_twice(zoo.resnet18(32).train(), plain, calls)
+    calls = [call_with(randn(b, 3, 32, 32)) for b in (2, 3, 2)]
+    run_twice(on_test_device(zoo.resnet18(32).train()), plain, calls)

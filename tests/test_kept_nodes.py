@@ -1,8 +1,9 @@
 """Kept as_strided nodes and vmap: rewritten relative to a base, or guarded; named by source line.
 
 Every value is checked against eager PyTorch one sample at a time, each sample a fresh tensor
-(the layout ``transform`` traces on), with the batch dim physically where ``in_dims`` says.
-See docs/kept-nodes.md.
+(the layout ``transform`` traces on), with the batch dim physically where ``in_dims`` says, on
+:data:`tests.reference.TEST_DEVICE` (``FXVIEWS_TEST_DEVICE``, CPU by default). See
+docs/kept-nodes.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import fxviews
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.vmap_guards import per_sample_geometry
 from fxviews.tracing import capture
-from tests.reference import as_strided_nodes, make_samples, per_sample_reference, stack_batched
+from tests.reference import (
+    as_strided_nodes,
+    make_samples,
+    per_sample_reference,
+    randn,
+    stack_batched,
+)
 
 
 def _past_the_slice(x):
@@ -59,7 +66,7 @@ def _check_vmap(fn, shapes, bd):
 @pytest.mark.parametrize("bd", [0, 1])
 def test_a_read_past_its_input_view_is_rebased_on_the_graph_input(bd):
     _check_vmap(_past_the_slice, [(6,)], bd)
-    [record] = fxviews.explain(_past_the_slice, torch.randn(6)).records
+    [record] = fxviews.explain(_past_the_slice, randn(6)).records
     assert record.method == "rebased"
     assert record.after == "slice(x_1, 0, 0, 4, 1)"
     assert "'x_1'" in record.reason and "'slice_1'" in record.reason
@@ -71,7 +78,7 @@ def test_rebased_at_every_batch_position_of_a_2d_input(bd):
 
 
 def test_rebased_reads_have_the_derivative_of_what_they_read():
-    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    x = randn(3, 4, dtype=torch.float64).requires_grad_()
     transformed = fxviews.transform(_past_the_columns)
     # The numerical Jacobian is the reference, in both modes: column 2 is read, so it has a
     # derivative. Eager's reverse mode drops it (as_strided's backward only reaches the
@@ -81,7 +88,7 @@ def test_rebased_reads_have_the_derivative_of_what_they_read():
         transformed, (x,), check_forward_ad=True, check_backward_ad=False, check_batched_grad=False
     )
     eager_grad = grad(lambda x: _past_the_columns(x).sum())(x.detach())
-    assert torch.equal(eager_grad[:, 2], torch.zeros(3, dtype=torch.float64))
+    assert not eager_grad[:, 2].any()
     # A non-contiguous argument: the rebased chain reads x[:, :3] whatever the layout.
     xt = x.detach().t().contiguous().t()
     torch.testing.assert_close(transformed(xt), _past_the_columns(x.detach()))
@@ -90,7 +97,7 @@ def test_rebased_reads_have_the_derivative_of_what_they_read():
 @pytest.mark.parametrize("bd", [0, 1])
 def test_a_rebased_read_sees_writes_made_before_it_through_any_alias(bd):
     _check_vmap(_after_a_write, [(6,)], bd)
-    gm = fxviews.explain(_after_a_write, torch.randn(6)).graph_module
+    gm = fxviews.explain(_after_a_write, randn(6)).graph_module
     assert not as_strided_nodes(gm)
 
 
@@ -99,7 +106,7 @@ def test_a_rebased_read_stops_at_detach():
         # Only x, past the detach, exposes the four elements read.
         return (x[:3].detach()[:2].as_strided((4,), (1,)) * x[:4]).sum()
 
-    x = torch.randn(6)
+    x = randn(6)
     # The detached factor must stay a constant: only x[:4] carries a gradient.
     torch.testing.assert_close(grad(fxviews.transform(f))(x), grad(f)(x.clone()))
     [record] = fxviews.explain(f, x).records
@@ -116,13 +123,13 @@ def test_a_node_that_must_stay_kept_raises_under_vmap_naming_its_source_line():
             vmap(transformed, in_dims=bd)(*batched)
         assert where in str(caught.value) and "as_strided" in str(caught.value)
     # Outside vmap the kept node computes what eager computes.
-    x = torch.randn(6)
+    x = randn(6)
     torch.testing.assert_close(transformed(x.clone()), _restrided_input(x.clone()))
 
 
 def test_kept_records_and_their_printout_name_the_source_line():
     where = f"test_kept_nodes.py:{_line_of(_restrided_input, 'restrided')}"
-    gm = capture(_restrided_input, [torch.randn(6)], fresh=True, caller="test", name="f")
+    gm = capture(_restrided_input, [randn(6)], fresh=True, caller="test", name="f")
     result = fxviews.rewrite(gm)  # a recorded trace, as transform makes it
     [record] = result.records
     assert record.method == "kept" and record.source is not None and where in record.source
@@ -132,7 +139,7 @@ def test_kept_records_and_their_printout_name_the_source_line():
 def test_strict_names_the_source_line():
     where = f"test_kept_nodes.py:{_line_of(_restrided_input, 'restrided')}"
     with pytest.raises(fxviews.UnsafeAsStridedError) as caught:
-        fxviews.transform(_restrided_input, strict=True)(torch.randn(6))
+        fxviews.transform(_restrided_input, strict=True)(randn(6))
     assert where in str(caught.value)
     assert caught.value.source is not None and where in caught.value.source
 
@@ -144,7 +151,7 @@ def _no_view_form(x):
 def test_a_guarded_node_runs_where_each_sample_is_laid_out_as_traced():
     # Traced on a 2x2 window of a 4x4 buffer, the node reads addresses 1 and 4 of it: no view
     # form from the window, and the window is a graph input (its buffer is the caller's).
-    windows = [torch.randn(4, 4)[:2, :2] for _ in range(3)]
+    windows = [randn(4, 4)[:2, :2] for _ in range(3)]
     gm = fxviews.trace(_no_view_form, windows[0])
     result = rewrite_in_place(gm)
     [pin] = result.pin_records
@@ -186,7 +193,7 @@ def test_fake_mode_traces_name_the_source_line_too():
     """trace/explain (make_fx in fake mode) record the user's line on as_strided nodes: the
     kept record and strict mode's error name it."""
     where = f"test_kept_nodes.py:{_line_of(_reads_past_a_detached_view, 'past')}"
-    [record] = fxviews.explain(_reads_past_a_detached_view, torch.randn(6)).records
+    [record] = fxviews.explain(_reads_past_a_detached_view, randn(6)).records
     assert record.method == "kept" and where in record.source
     with pytest.raises(fxviews.UnsafeAsStridedError, match=where):
-        fxviews.explain(_reads_past_a_detached_view, torch.randn(6), strict=True)
+        fxviews.explain(_reads_past_a_detached_view, randn(6), strict=True)

@@ -5,10 +5,12 @@ layout came from a fake kernel that disagrees with the eager one, fxviews must c
 the node (Note [Layouts are facts to check] in ``passes/layout_truth.py``).
 
 The cases are found at run time, on the torch under test (the set differs by release): a sweep
-over PyTorch's OpInfo samples (CPU float32, small ones) puts every floating tensor of a sample
-in one of four layouts (channels_last-like, transposed, sliced, offset), runs the op eagerly and
-under ``FakeTensorMode``, and keeps the samples whose output layouts differ (with the issue's
-``roll`` of a channels_last tensor, when this release gets it wrong). Each case is then::
+over PyTorch's OpInfo samples (float32, small ones, on :data:`tests.reference.TEST_DEVICE`:
+CPU unless ``FXVIEWS_TEST_DEVICE`` names another, whose kernels may lay out results otherwise)
+puts every floating tensor of a sample in one of four layouts (channels_last-like, transposed,
+sliced, offset), runs the op eagerly and under ``FakeTensorMode``, and keeps the samples whose
+output layouts differ (with the issue's ``roll`` of a channels_last tensor, when this release
+gets it wrong). Each case is then::
 
     fn(*tensors) = op(*in_layout(tensors)).as_strided((numel,), (1,), offset)
 
@@ -37,9 +39,10 @@ import fxviews
 from fxviews import tracing
 from fxviews.passes.geometry import Geometry, equivalent, is_one_to_one
 from fxviews.passes.layout_truth import LAYOUT_DOUBT, REAL_LAYOUTS
+from fxviews.passes.random_state import reachable_cuda_devices
 from fxviews.passes.torch_internals import FakeTensorMode, op_db
 from fxviews.printouts import format_result
-from tests.reference import as_strided_nodes
+from tests.reference import TEST_DEVICE, as_strided_nodes, randn, rng_states
 
 #: Samples tried per op and layout: the first one the layout applies to is taken.
 SAMPLES_PER_OP = 4
@@ -132,7 +135,7 @@ def _case(name: str, op: Callable[..., Any], layout: Layout, sample: Any) -> Cas
 
 def _roll_case() -> Case:
     """The issue's program: roll of a channels_last tensor (pytorch/pytorch#174963)."""
-    x = torch.arange(100.0).reshape(2, 5, 2, 5)
+    x = torch.arange(100.0, device=TEST_DEVICE).reshape(2, 5, 2, 5)
     leaves, spec = pytree.tree_flatten((x, (), {"shifts": -1, "dims": 0}))
     return Case("roll/channels_last", torch.roll, _channels_last, (x,), spec, tuple(leaves), 100, 0)
 
@@ -148,7 +151,7 @@ def disagreeing_cases() -> tuple[Case, ...]:
         warnings.simplefilter("ignore")
         torch.manual_seed(0)  # the same samples on every run
         for info in op_db:
-            if torch.float32 not in info.supported_dtypes("cpu"):
+            if torch.float32 not in info.supported_dtypes(TEST_DEVICE.type):
                 continue
             samples = _samples(info)
             for layout_name, layout in LAYOUTS.items():
@@ -162,9 +165,9 @@ def _samples(info: Any) -> list[Any]:
     """The entry's first samples, from its ``sample_inputs_func`` (``sample_inputs`` wraps it in
     an iterator that inspects the call stack on creation: two thirds of the sweep's time)."""
     try:
-        samples = info.sample_inputs_func(info, "cpu", torch.float32, False)
+        samples = info.sample_inputs_func(info, str(TEST_DEVICE), torch.float32, False)
         return list(itertools.islice(samples, SAMPLES_PER_OP))
-    except Exception:  # noqa: BLE001 - an entry without CPU float32 samples has no case
+    except Exception:  # noqa: BLE001 - an entry without float32 samples there has no case
         return []
 
 
@@ -292,7 +295,8 @@ def test_the_issue_example_through_the_backend() -> None:
     def func(x: torch.Tensor) -> torch.Tensor:
         return torch.roll(x, shifts=-1, dims=0).as_strided((5, 10), (4, 1), 0)
 
-    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    x = torch.arange(100.0, device=TEST_DEVICE).reshape(2, 5, 2, 5)
+    x = x.to(memory_format=torch.channels_last)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(func, backend="fxviews")(x), func(x))
     torch._dynamo.reset()
@@ -331,7 +335,7 @@ def test_a_difference_an_op_absorbs_is_no_doubt() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return _window(_channels_last_roll(x).clone(memory_format=torch.contiguous_format))
 
-    x = torch.randn(2, 5, 2, 5)
+    x = randn(2, 5, 2, 5)
     result = fxviews.explain(fn, x)
     assert [r.method for r in result.records] == ["synthesized"]
     torch.testing.assert_close(result.graph_module(x), fn(x))
@@ -343,7 +347,7 @@ def test_an_op_that_cannot_run_leaves_the_layout_unchecked_and_the_node_kept() -
         library.impl("twice", lambda t: t * 2, "CompositeExplicitAutograd")
         library._register_fake("twice", lambda t: torch.empty_like(t))
         twice = torch.ops.fxviews_layout_truth_test.twice.default
-        x = torch.randn(2, 5, 2, 5)
+        x = randn(2, 5, 2, 5)
         result = fxviews.explain(lambda x: _window(twice(x)), x)
         [record] = result.records
         assert record.method == "kept" and "could not be checked" in record.reason
@@ -354,17 +358,17 @@ def test_an_op_that_cannot_run_leaves_the_layout_unchecked_and_the_node_kept() -
 def test_constants_and_random_ops_on_the_path() -> None:
     """A closed-over constant's layout is its own; a random op on the path runs with the
     random state restored (the check draws nothing the program would)."""
-    bias = torch.randn(5, 2, 5).contiguous(memory_format=torch.contiguous_format)
+    bias = randn(5, 2, 5).contiguous(memory_format=torch.contiguous_format)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         noisy = torch.nn.functional.dropout(x + bias, p=0.5, training=True)
         return _window(torch.roll(noisy.contiguous(memory_format=torch.channels_last), -1, 0))
 
-    x = torch.randn(2, 5, 2, 5)
+    x = randn(2, 5, 2, 5)
     gm = fxviews.trace(fn, x)
-    state = torch.get_rng_state()
+    states = rng_states()
     result = fxviews.rewrite(gm)
-    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(rng_states(), states, strict=True))
     [record] = result.records
     if _roll_disagrees():
         assert record.method == "kept" and "roll ('roll') is traced as" in record.reason
@@ -379,7 +383,7 @@ def test_agreeing_layouts_change_nothing() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return _window(torch.roll(x, shifts=-1, dims=0))
 
-    x = torch.randn(2, 5, 2, 5)
+    x = randn(2, 5, 2, 5)
     result = fxviews.explain(fn, x)
     assert [r.method for r in result.records] == ["synthesized"]
     torch.testing.assert_close(result.graph_module(x), fn(x))
@@ -393,7 +397,8 @@ class _RollWindow(torch.nn.Module):
 def test_a_symbolic_trace_with_example_inputs_runs_torch_level_calls() -> None:
     """``rewrite(gm, example_inputs=...)`` of a ``torch.fx.symbolic_trace`` graph: its layouts
     come from FakeTensorProp, and its calls are torch functions and methods."""
-    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    x = torch.arange(100.0, device=TEST_DEVICE).reshape(2, 5, 2, 5)
+    x = x.to(memory_format=torch.channels_last)
     module = _RollWindow()
     gm = torch.fx.symbolic_trace(module)
     result = fxviews.rewrite(gm, example_inputs=[x])
@@ -401,3 +406,42 @@ def test_a_symbolic_trace_with_example_inputs_runs_torch_level_calls() -> None:
     if _roll_disagrees():
         [record] = result.records
         assert record.method == "kept" and "roll ('roll') is traced as" in record.reason
+
+
+def test_eager_layouts_are_computed_on_the_traced_device() -> None:
+    """Each eager kernel runs on the device the graph was traced for (a CUDA kernel may lay out
+    its result otherwise than the CPU one): here a graph traced on fake CUDA tensors, of a
+    program whose layouts agree on CPU. Without CUDA nothing can run there, so the node is kept,
+    saying why (a check on CPU would have rewritten it), and the rewrite does not fail asking
+    CUDA for its random state; with CUDA the check runs there, agrees and the node is
+    rewritten."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return _window(torch.roll(x, shifts=-1, dims=0))
+
+    with FakeTensorMode():
+        x = torch.empty(2, 5, 2, 5, device="cuda")
+    gm = make_fx(fn)(x)
+    [record] = fxviews.rewrite(gm).records
+    if torch.cuda.is_available():
+        assert reachable_cuda_devices([x]) == [x.device.index]
+        assert record.method == "synthesized", record
+    else:
+        assert reachable_cuda_devices([x]) == []
+        assert record.method == "kept", record
+        assert "could not be checked" in record.reason and "traced device" in record.reason
+
+
+def test_a_graph_traced_on_the_meta_device_keeps_what_it_cannot_check() -> None:
+    """Meta kernels are the fake ones, so a check run on meta tensors would confirm the very
+    layouts it checks, and a graph traced there runs on another device. roll of a
+    channels_last input, traced on meta, run on CPU: the node is kept, and right."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return _window(torch.roll(x, shifts=-1, dims=0))
+
+    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    result = fxviews.rewrite(make_fx(fn)(x.to("meta")))
+    [record] = result.records
+    assert record.method == "kept" and "meta device" in record.reason, record
+    torch.testing.assert_close(result.graph_module(x), fn(x))

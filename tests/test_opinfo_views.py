@@ -1,8 +1,9 @@
 """Differential corpus driven by PyTorch's OpInfo database: its view ops and their samples.
 
 Where ``test_engine_differential.py`` hand-writes the view ops, this file takes the view-op
-entries of ``op_db`` and the arguments of their CPU float64 ``sample_inputs``. Each sample gives
-``f(x, y)``::
+entries of ``op_db`` and the arguments of their float64 ``sample_inputs`` on the test device
+(:data:`tests.reference.TEST_DEVICE`: CPU unless ``FXVIEWS_TEST_DEVICE`` names another). Each
+sample gives ``f(x, y)``::
 
     base = x.clone(); v = op(base, *sample.args, **sample.kwargs)  # element 0 if a sequence
     base.mul_(y); return v * 1, base
@@ -41,6 +42,7 @@ from tests.differential import (
     push_in_y,
 )
 from tests.reference import (
+    TEST_DEVICE,
     as_strided_nodes,
     in_dims_sweep,
     make_samples,
@@ -190,11 +192,11 @@ def _collect() -> tuple[list[Case], dict[str, str]]:
         if not _is_view_entry(op):
             continue
         label = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
-        if not op.supports_dtype(DTYPE, "cpu"):
-            unused[label] = "no float64 support on CPU"
+        if not op.supports_dtype(DTYPE, TEST_DEVICE.type):
+            unused[label] = f"no float64 support on {TEST_DEVICE.type}"
             continue
         taken = 0
-        for sample in op.sample_inputs("cpu", DTYPE):
+        for sample in op.sample_inputs(str(TEST_DEVICE), DTYPE):
             if taken == SAMPLES_PER_OP:
                 break
             if _usable(op, sample):
@@ -308,9 +310,9 @@ def test_corpus_covers_the_view_ops() -> None:
 def test_listed_non_views_are_not_views() -> None:
     """The OpInfo entries left out as non-views really return no view of a float64 input."""
     for op in op_db:
-        if op.name not in NOT_VIEWS or not op.supports_dtype(DTYPE, "cpu"):
+        if op.name not in NOT_VIEWS or not op.supports_dtype(DTYPE, TEST_DEVICE.type):
             continue
-        for sample in op.sample_inputs("cpu", DTYPE):
+        for sample in op.sample_inputs(str(TEST_DEVICE), DTYPE):
             t = sample.input
             if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.numel() == 0:
                 continue

@@ -19,6 +19,7 @@ from fxviews.passes.chain_verification import verify_chain_reads
 from fxviews.passes.copied_windows import MAX_PIECES, WindowsByCopies
 from fxviews.passes.geometry import Geometry
 from fxviews.passes.opsets import Opset, chain_in_opset
+from fxviews.passes.torch_internals import FakeTensorMode
 
 aten = torch.ops.aten
 
@@ -100,6 +101,24 @@ def test_long_windows_are_gathered():
     targets = {n.target for n in res.graph_module.graph.nodes}
     assert aten.index_select.default in targets and aten.cat.default not in targets
     torch.testing.assert_close(res.graph_module(x), windows(x))
+
+
+def test_gathered_windows_index_on_the_input_device():
+    """The indices a gather reads are made where its input lives, not on the default device:
+    here a graph traced on a fake CUDA input (any build makes one), exported for a GPU."""
+    with FakeTensorMode():
+        x = torch.empty(40, device="cuda")
+
+    def windows(x):
+        return x.as_strided((24, MAX_PIECES + 1), (1, 1)) + 0
+
+    res = _core_rewrite(windows, x)
+    indices = [n for n in res.graph_module.graph.nodes if n.target is aten.arange.start_step]
+    assert len(indices) == 2 and all(n.kwargs["device"] == x.device for n in indices), indices
+    gathered = next(
+        n for n in res.graph_module.graph.nodes if n.target is aten.index_select.default
+    )
+    assert gathered.meta["val"].device == x.device
 
 
 def test_select_and_strided_slice_become_delegable_views():

@@ -11,7 +11,8 @@ by :func:`fxviews.rewrite` with that layout as the trace-time one. Then:
    random position equals eager ``op`` applied one sample at a time, each sample laid out in
    the trace-time layout (the pass's promise: "relative to the layout it was traced with").
 
-``FXVIEWS_EXAMPLES`` sets how many examples each property draws (``make fuzz`` draws many).
+``FXVIEWS_EXAMPLES`` sets how many examples each property draws (``make fuzz`` draws many); the
+samples live on :data:`tests.reference.TEST_DEVICE` (``FXVIEWS_TEST_DEVICE``, CPU by default).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 import fxviews
 from fxviews.passes.geometry import Geometry
-from tests.reference import as_strided_nodes
+from tests.reference import TEST_DEVICE, as_strided_nodes
 from tests.test_geometry import SETTINGS, random_target_cases, sources, storage_for
 
 aten = torch.ops.aten
@@ -60,18 +61,23 @@ def laid_out(source: Geometry, storage: torch.Tensor) -> torch.Tensor:
     return storage.as_strided(source.sizes, source.strides, source.offset)
 
 
+def _randn(sizes: tuple[int, ...]) -> torch.Tensor:
+    """Values drawn on CPU (the same on every device), on the test device."""
+    return torch.randn(sizes, dtype=torch.float64).to(TEST_DEVICE)
+
+
 def check_rewrite(
     op: Any, source: torch.Tensor, target: Geometry, batch_dim: int, scatter: bool
 ) -> None:
     geometry = Geometry.of(source)
     extent = geometry.storage_extent()
     args = _arguments(target)
-    srcs = [torch.randn(target.sizes, dtype=torch.float64) for _ in range(BATCH)]
+    srcs = [_randn(target.sizes) for _ in range(BATCH)]
 
     def eager(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return op(x, src, *args) if scatter else op(x, *args)
 
-    storages = [torch.randn(extent, dtype=torch.float64) for _ in range(BATCH)]
+    storages = [_randn((extent,)) for _ in range(BATCH)]
     samples = [laid_out(geometry, s) for s in storages]
     try:
         results = [eager(x, src) for x, src in zip(samples, srcs, strict=True)]
@@ -149,7 +155,7 @@ def test_as_strided_scatter_matches_eager_per_sample(case, data: st.DataObject) 
 
 def test_region_cases_are_rewritten() -> None:
     """The scatter property is not vacuous: a plain region of a plain source is rewritten."""
-    source = storage_for(Geometry((3, 4), (4, 1), 0))
+    source = storage_for(Geometry((3, 4), (4, 1), 0)).to(TEST_DEVICE)
     graph = single_node_graph(aten.as_strided_scatter.default, Geometry((4,), (1,), 4), True)
-    res = fxviews.rewrite(graph, example_inputs=[source, torch.randn(4)])
+    res = fxviews.rewrite(graph, example_inputs=[source, _randn((4,))])
     assert [r.method for r in res.records] == ["synthesized"]

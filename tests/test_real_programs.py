@@ -8,7 +8,8 @@ per-sample gradients through ``functional_call``, model ensembling with ``stack_
 in place, ``vjp`` with ``has_aux``, a neural tangent kernel's Jacobian row, a spectrogram
 (``stft``), ``scaled_dot_product_attention``, ``linearize``, ``scatter_add_`` into a row.
 Every program runs under ``vmap`` with the batch dim physically at 0, 1 and last, and must equal the
-same program run eagerly one sample at a time (outputs, and inputs it mutates in place).
+same program run eagerly one sample at a time (outputs, and inputs it mutates in place), on
+:data:`tests.reference.TEST_DEVICE` (``FXVIEWS_TEST_DEVICE``, CPU by default).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, line
 
 import fxviews
 from fxviews.tracing import TRACED_WITH
-from tests.reference import assert_tree_close
+from tests.reference import TEST_DEVICE, assert_tree_close, on_test_device
 
 BATCH = 3
 
@@ -38,17 +39,22 @@ def _seeded(seed: int) -> torch.Generator:
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=_seeded(seed))
+    return torch.randn(*shape, generator=_seeded(seed)).to(TEST_DEVICE)
+
+
+def _randint(high: int, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randint(0, high, shape, generator=_seeded(seed)).to(TEST_DEVICE)
 
 
 def _init(module: nn.Module, seed: int) -> nn.Module:
-    """Random parameters and running statistics, so eval-mode BatchNorm is not an identity."""
+    """Random parameters and running statistics, so eval-mode BatchNorm is not an identity; in
+    eval mode, on the test device."""
     generator = _seeded(seed)
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             if tensor.is_floating_point():
                 tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
-    return module.eval()
+    return on_test_device(module).eval()
 
 
 # --- the programs ------------------------------------------------------------------------------
@@ -151,7 +157,7 @@ class DecoderStep(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.qkv(x).view(3, self.heads, -1).unbind(0)
         k_cache[:, pos] = k
-        v_cache.index_copy_(1, torch.tensor([pos]), v.unsqueeze(1))
+        v_cache.index_copy_(1, torch.tensor([pos], device=x.device), v.unsqueeze(1))
         keys, values = k_cache[:, : pos + 1], v_cache[:, : pos + 1]
         scores = (keys @ q.unsqueeze(-1)).squeeze(-1) / keys.shape[-1] ** 0.5
         mixed = (scores.softmax(-1).unsqueeze(-1) * values).sum(1)
@@ -239,7 +245,7 @@ def _kv_cache() -> Program:
 
 
 def _boxes() -> Program:
-    decoder = BoxDecoder(anchors=2, height=3, width=4, stride=8.0)
+    decoder = on_test_device(BoxDecoder(anchors=2, height=3, width=4, stride=8.0))
     return Program("box_decode", decoder, lambda s: (_randn(2, 3, 4, 7, seed=s),), (True,))
 
 
@@ -255,7 +261,7 @@ def _per_sample_grads() -> Program:
         return grad(loss)(params, x, y)
 
     def sample(seed: int) -> tuple[Any, ...]:
-        return (_randn(5, seed=seed), torch.randint(0, 3, (1,), generator=_seeded(seed)))
+        return (_randn(5, seed=seed), _randint(3, (1,), seed))
 
     return Program("per_sample_grads", per_sample_grad, sample, (True, True))
 
@@ -394,7 +400,7 @@ def _ntk_row() -> Program:
 
 def _stft() -> Program:
     """A spectrogram: ``torch.stft`` frames its input with ``as_strided`` internally."""
-    window = torch.hann_window(8)
+    window = torch.hann_window(8, device=TEST_DEVICE)
 
     def spectrogram(x: torch.Tensor) -> torch.Tensor:
         return torch.stft(x, 8, hop_length=2, window=window, return_complex=True).abs()
@@ -433,7 +439,7 @@ def _scatter_rows() -> Program:
         return buffer
 
     def sample(seed: int) -> tuple[Any, ...]:
-        return (_randn(6, seed=seed), torch.randint(0, 6, (6,), generator=_seeded(seed)))
+        return (_randn(6, seed=seed), _randint(6, (6,), seed))
 
     return Program("scatter_add_rows", scatter, sample, (True, True))
 
