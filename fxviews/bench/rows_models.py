@@ -86,6 +86,19 @@ def _unmeasured(name: str, kind: str, note: str) -> dict[str, Any]:
 def _measure(
     make_fn: Callable[[], Any], args: tuple[Any, ...], settings: Settings
 ) -> dict[str, Any]:
+    # Dynamo's captures of vmap (the aot path) leave reference cycles of frames whose locals
+    # hold guards of dispatch keys: collected later, on torch 2.15 they reinstate the keys vmap
+    # had excluded, in whatever runs then. They are collected here, and the state put back.
+    with preserved_torch_state():
+        try:
+            return _measured(make_fn, args, settings)
+        finally:
+            gc.collect()
+
+
+def _measured(
+    make_fn: Callable[[], Any], args: tuple[Any, ...], settings: Settings
+) -> dict[str, Any]:
     first: dict[str, list[FirstCall] | str] = {}
     for path, wrap in PATHS.items():
         first[path] = _first_calls(make_fn, wrap, args, settings.compile_repeats)
