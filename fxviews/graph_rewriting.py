@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from fxviews.autograd_structure import AUTOGRAD_KEPT
 from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
@@ -68,6 +69,10 @@ class RewriteResult:
     #: How the graph was traced, when fxviews traced it (``"fake mode"``, ``"recorded on a
     #: sample"`` or ``"real mode (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
+    #: What the trace kept of the function's autograd structure (grad-mode switches, custom
+    #: autograd.Functions kept as one node), one line each with the user's source line (Note
+    #: [What autograd sees is part of the trace]); empty for graphs made elsewhere.
+    autograd_kept: tuple[str, ...] = ()
 
     @property
     def code_after(self) -> str:
@@ -255,6 +260,7 @@ def _rewrite_steps(
         clone_records=reclones.records,
         unfold_records=unfolds.records,
         traced_with=gm.meta.get(TRACED_WITH),
+        autograd_kept=gm.meta.get(AUTOGRAD_KEPT, ()),
     )
 
 

@@ -15,7 +15,9 @@ first *records*:
    arguments are the nodes that produced them, found by tensor identity; a tensor the trace
    did not produce and whose storage it does not know is a constant (a closed-over parameter)
    held by the graph module by reference, as make_fx holds it. In-place ops return their
-   argument, which then stands for the in-place node, as in make_fx.
+   argument, which then stands for the in-place node, as in make_fx. What autograd does above
+   the dispatcher is kept or refused by the watch the recording runs under (Note [What autograd
+   sees is part of the trace]): a call it keeps as one node runs :meth:`OpRecorder.unrecorded`.
 2. **Exact layouts for free.** Real results carry their true sizes, strides and storage
    offsets, so each node's ``meta["val"]`` is a FakeTensor of that exact layout over a meta
    storage shared by exactly the results that share a real storage (the engine reads aliasing
@@ -41,13 +43,15 @@ mode, which decides data dependence precisely (and says why a graph cannot captu
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.autograd_structure import AutogradWatch
 from fxviews.passes.source_lines import note_user_frames
 from fxviews.passes.torch_internals import (
     FakeTensor,
@@ -96,9 +100,10 @@ def record(
         ['aten.t.default', 'aten.sin.default']
     """
     recorder = OpRecorder(args, mode)
+    autograd = AutogradWatch(recorder)  # Note [What autograd sees is part of the trace]
     with ValueReads(), recorder:
-        outputs = call(*args)
-    return recorder.graph_module(outputs)
+        outputs = autograd.run(call, *args)
+    return autograd.finish(recorder.graph_module(outputs))
 
 
 def reads_values_into_shape(func: Any, args: Sequence[Any]) -> bool:
@@ -216,6 +221,7 @@ class OpRecorder(TorchDispatchMode):
         self._storages: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self._traced_storages: set[int] = set()
         self._constants: dict[str, torch.Tensor] = {}
+        self._unrecorded = 0  # depth of unrecorded() blocks
         for position, tensor in enumerate(inputs):
             node = self.graph.placeholder(f"arg{position}_1")
             self._track(tensor, node)
@@ -226,20 +232,50 @@ class OpRecorder(TorchDispatchMode):
             raise NotRecordable("forward AD made a zero tangent")
         if reads_values_into_shape(func, args):
             raise NotRecordable(f"it calls {func}, whose result depends on tensor values")
-        node_args = _map_arguments(self._node_of, args)
-        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
-        out = func(*args, **kwargs)
+        if self._unrecorded:  # inside a call kept as one node: checked, its memory known
+            out = func(*args, **kwargs)
+            self._traced_storages.update(
+                storage_identity(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            )
+        else:
+            node_args = _map_arguments(self._node_of, args)
+            node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+            out = func(*args, **kwargs)
         if not shaped_by_metadata(func, args, kwargs, out):
             raise NotRecordable(f"it calls {func}, which fake mode cannot run on metadata alone")
+        if self._unrecorded:
+            return out
         node = self.graph.call_function(func, tuple(node_args), node_kwargs)
         note_user_frames(node)  # the user's source line, for messages about kept nodes
+        self._bind_result(node, out)
+        return out
+
+    @contextlib.contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Run ops without recording them (still refusing what a recording refuses): the work
+        of a call that :meth:`record_call` keeps as one node."""
+        self._unrecorded += 1
+        try:
+            yield
+        finally:
+            self._unrecorded -= 1
+
+    def record_call(
+        self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
+        autograd.Function kept as itself: Note [What autograd sees is part of the trace])."""
+        node_args = _map_arguments(self._node_of, tuple(args))
+        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+        self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
+
+    def _bind_result(self, node: torch.fx.Node, out: Any) -> None:
         if isinstance(out, torch.Tensor):
             self._track(out, node)
         elif isinstance(out, (tuple, list)):
             node.meta["val"] = type(out)(self._track_item(node, i, o) for i, o in enumerate(out))
         else:
             node.meta["val"] = out
-        return out
 
     def graph_module(self, outputs: Any) -> torch.fx.GraphModule:
         """The recorded graph returning ``outputs`` (a flat list), constants held by reference."""

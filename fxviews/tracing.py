@@ -27,9 +27,13 @@ Note [One tracing path]
    wrote outside its own tensors (closed-over buffers) and leaves the random number generator
    as it was. Real mode records every view at storage offset 0, so the exact layouts are then
    recomputed by fake-propagating the graph from fake inputs with the examples' layouts.
-4. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
+4. **What autograd sees is part of the trace.** Every path runs ``fn`` under an
+   :class:`~fxviews.autograd_structure.AutogradWatch` (Note [What autograd sees is part of the
+   trace]): grad-mode regions and custom autograd.Functions are kept in the graph, and what a
+   graph cannot keep is a :class:`TracingError` of cause ``"autograd"``, on every path alike.
+5. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
    leaves PyTorch's thread-local dispatch state, mode stacks and transform levels as they were.
-5. **The user's own errors are theirs.** An exception ``fn``'s own code raises (a ``raise`` or
+6. **The user's own errors are theirs.** An exception ``fn``'s own code raises (a ``raise`` or
    ``assert`` statement in it: :func:`raised_by_user_code`) while it is recorded or traced
    propagates unchanged, as it would from an eager call, whatever the mode. Only failures inside
    PyTorch's ops and tracers are classified (steps 2 and 3).
@@ -53,6 +57,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fxviews.arguments import check_flags
+from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_like
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
@@ -132,8 +137,10 @@ class TracingError(FxViewsError):
     ``"data-dependent shape"`` (a size or Python number computed from tensor values),
     ``"reads tensor values"`` (``.numpy()``, ``tolist``, found by ``transform``'s recording, or
     ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
-    transformed tensor"``, ``"lazy module"`` (parameters not created yet) or ``"untraceable"``
-    (an op neither fake nor real tracing could run).
+    transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
+    hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
+    module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real
+    tracing could run).
 
     Example::
 
@@ -157,6 +164,7 @@ EAGER_CAUSES = frozenset(
         "data-dependent shape",
         "reads tensor values",
         "closure over a transformed tensor",
+        "autograd",
     }
 )
 
@@ -263,6 +271,8 @@ def capture(
                 gm.meta[TRACED_WITH] = RECORDED
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
+            except NotKept as err:  # the same in fake mode: no graph keeps it
+                raise _autograd_not_kept(err, caller, name) from err
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
                 if raised_by_user_code(err):
                     raise
@@ -275,7 +285,11 @@ def capture(
                 # A graph transform caches must not bake in a closed-over tensor's value;
                 # trace and explain give the graph of this call, values included, as make_fx.
                 guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
-                gm = traced_under_guard(lambda f: _make_fx(f, "fake")(*fake_args), call, guard)
+                autograd = AutogradWatch()  # Note [What autograd sees is part of the trace]
+                gm = traced_under_guard(
+                    lambda f: _make_fx(f, "fake")(*fake_args), autograd.wrap(call), guard
+                )
+                autograd.finish(gm)
             _check_no_meta_leak(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
@@ -449,7 +463,8 @@ def _fake_examples(args: Sequence[Any], mode: FakeTensorMode, fresh: bool) -> li
             return value
         if fresh:
             with mode:
-                return torch.empty(value.shape, dtype=value.dtype, device=value.device)
+                fresh_value = torch.empty(value.shape, dtype=value.dtype, device=value.device)
+                return requiring_grad_like(fresh_value, value)
         if isinstance(value, FakeTensor) and value.fake_mode is mode:
             return value
         # from_tensor keeps sizes, strides, storage offset, and aliasing between arguments.
@@ -489,6 +504,8 @@ class _BranchDetector(TorchFunctionMode):
 def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
     """Raise a :class:`TracingError` for failures no tracing mode can get around."""
     prefix = f"{caller} could not trace {name}"
+    if isinstance(err, NotKept):
+        raise _autograd_not_kept(err, caller, name) from err
     if isinstance(err, FxViewsError) or raised_by_user_code(err):
         raise err
     if isinstance(err, _TensorBranch):
@@ -517,6 +534,14 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
             f"not one of its arguments (captured by a closure?). Pass that tensor as an argument.",
             "closure over a transformed tensor",
         ) from err
+
+
+def _autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
+    return TracingError(
+        f"{caller} could not trace {name}: it uses {err}. A graph of its aten ops would give "
+        f"other gradients than autograd does (Note [What autograd sees is part of the trace]).",
+        "autograd",
+    )
 
 
 class _MetaDeviceLeak(RuntimeError):
@@ -584,7 +609,13 @@ def _capture_real(
     guard = TraceGuard(real_args, refuse_data_dependent=True)
     try:
         with preserved_torch_state(), forked_rng(list(args)):
-            gm = traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
+            autograd = AutogradWatch()
+            gm = traced_under_guard(
+                lambda f: _make_fx(f, "real")(*real_args), autograd.wrap(call), guard
+            )
+            autograd.finish(gm)
+    except NotKept as err:
+        raise _autograd_not_kept(err, caller, name) from err
     except DataDependentOp as err:
         raise TracingError(
             f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
@@ -616,7 +647,9 @@ def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
             return value
         sample = _plain_sample(value)
         if fresh:
-            return sample.detach().clone(memory_format=torch.contiguous_format)
+            return requiring_grad_like(
+                sample.detach().clone(memory_format=torch.contiguous_format), value
+            )
         if sample is not value:  # fake or meta: no values to copy
             return sample.requires_grad_() if value.requires_grad else sample
         storage = value.untyped_storage()

@@ -76,6 +76,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from fxviews.arguments import check_flags
+from fxviews.autograd_structure import restoring_grad_mode
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
     ModuleCalls,
@@ -544,7 +545,9 @@ class _GraphCache:
             result = rewrite_in_place(gm, strict=self.strict)
         guard.watch(calls.modules)
         report_rewrite(result, source=f"transform({name})")
-        forward = result.graph_module.forward
+        # A call that raises inside a grad-mode region leaves the caller's mode as fn's `with`
+        # would (Note [What autograd sees is part of the trace]).
+        forward = restoring_grad_mode(result.graph_module.forward, result.graph_module.graph)
         if _has_dynamic_output_shape(result.graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         return _Entry(
@@ -645,8 +648,9 @@ def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
-    # torch.Size hashes and compares as the tuple of its sizes.
-    return (tensor.shape, tensor.dtype, tensor.device)
+    # torch.Size hashes and compares as the tuple of its sizes. requires_grad: the trace's
+    # tensors require grad where the call's do (Note [What autograd sees is part of the trace]).
+    return (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
 
 
 def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:

@@ -96,7 +96,25 @@ def source_line(node: torch.fx.Node) -> str | None:
     if not frames:
         return None
     file, line, name = frames[-1]
-    return f"{_short(file)}:{line}, in {name.strip()}"
+    return _format_frame(file, line, name.strip())
+
+
+def calling_user_line() -> str | None:
+    """``file:line, in function`` of the innermost user frame on the stack now, or None.
+
+    Example::
+
+        >>> def model_step():
+        ...     return calling_user_line()
+        >>> model_step()  # doctest: +SKIP
+        'train.py:2, in model_step'
+    """
+    frames = user_frames(inspect.currentframe())
+    return _format_frame(*frames[-1]) if frames else None
+
+
+def _format_frame(file: str, line: int | str, name: str) -> str:
+    return f"{_short(file)}:{line}, in {name}"
 
 
 def describe_node(node: torch.fx.Node) -> str:
@@ -117,6 +135,7 @@ def _short(path: str) -> str:
 __all__ = [
     "MAX_FRAMES",
     "NOTED_OPS",
+    "calling_user_line",
     "describe_node",
     "internal_frame",
     "internal_module",

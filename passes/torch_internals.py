@@ -165,7 +165,16 @@ try:
     # (GuardOnDataDependentSymNode, 2.1).
     # The node make_fx made for a result (the active proxy mode, and the proxy of a tensor
     # under its tracer): the tracer notes the user's source line on as_strided nodes. 2.1.
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
+    # A call make_fx keeps as one node (a custom autograd.Function's apply): its own work run
+    # with the proxy modes off (disable_proxy_modes_tracing), its results bound to the node's
+    # proxy (track_tensor_tree), as higher-order ops do. 2.1.
+    from torch.fx.experimental.proxy_tensor import (
+        disable_proxy_modes_tracing,
+        get_proxy_mode,
+        get_proxy_slot,
+        make_fx,
+        track_tensor_tree,
+    )
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
@@ -340,6 +349,58 @@ def current_autograd_node() -> Any:
     return torch._C._current_autograd_node()
 
 
+# Autograd above the dispatcher, which a trace below it must see (fxviews/autograd_structure.py).
+# The grad-mode switch pre-dispatch IR records as a node (torch._C._set_grad_enabled, 1.x).
+set_grad_enabled = torch._C._set_grad_enabled
+# A grad-mode region as torch.export's training IR keeps it (a higher-order op around a
+# submodule), 2.5.
+wrap_with_set_grad_enabled = torch.ops.higher_order.wrap_with_set_grad_enabled
+# A custom autograd.Function's backward node class (BackwardCFunction, 1.x) and the Function
+# module backward hooks apply to a module's inputs and outputs (BackwardHookFunction, 1.13).
+BackwardCFunction = torch.autograd.function.BackwardCFunction
+BackwardHookFunction = torch.nn.modules._functions.BackwardHookFunction
+
+
+def no_torch_function() -> Any:
+    """A context in which tensor attributes are read with no torch function mode or subclass
+    in between (``torch._C.DisableTorchFunction``, 1.x)."""
+    return torch._C.DisableTorchFunction()
+
+
+def functorch_transforms_active() -> bool:
+    """Whether a ``torch.func`` transform is active on this thread
+    (``torch._C._are_functorch_transforms_active``, 2.0)."""
+    return torch._C._are_functorch_transforms_active()
+
+
+def top_saved_tensors_hooks() -> Any:
+    """The innermost saved-tensor hooks in force, ``(pack, unpack)``, or None
+    (``torch._C._autograd._top_saved_tensors_default_hooks``, 2.0)."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+def tensor_hooks(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """The Python hooks registered on ``tensor``: ``register_hook``'s (``_backward_hooks``, 1.0)
+    and ``register_post_accumulate_grad_hook``'s (``_post_accumulate_grad_hooks``, 2.1)."""
+    hooks = (tensor._backward_hooks, getattr(tensor, "_post_accumulate_grad_hooks", None))
+    return tuple(hook for found in hooks if found for hook in found.values())
+
+
+def module_backward_hooks(module: torch.nn.Module) -> tuple[Any, ...]:
+    """The backward hooks a call of ``module`` installs: its own (``_backward_hooks``,
+    ``_backward_pre_hooks``) and the global ones (``_global_backward_hooks``,
+    ``_global_backward_pre_hooks`` of ``torch.nn.modules.module``), 2.0."""
+    from torch.nn.modules import module as modules
+
+    found = (
+        module._backward_hooks,
+        module._backward_pre_hooks,
+        modules._global_backward_hooks,
+        modules._global_backward_pre_hooks,
+    )
+    return tuple(hook for hooks in found for hook in hooks.values())
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -494,6 +555,17 @@ BOUND_NAMES = (
     "dtensor_spec",
     "current_autograd_node",
     "calling_code",
+    "set_grad_enabled",
+    "wrap_with_set_grad_enabled",
+    "BackwardCFunction",
+    "BackwardHookFunction",
+    "functorch_transforms_active",
+    "no_torch_function",
+    "top_saved_tensors_hooks",
+    "tensor_hooks",
+    "module_backward_hooks",
+    "disable_proxy_modes_tracing",
+    "track_tensor_tree",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

@@ -549,9 +549,10 @@ def test_lru_counts_every_hit_of_both_key_kinds():
 
 def test_hot_call_serves_only_tensors_of_its_signature():
     """The hot call (the entry the last positional call ran, checked in C++) hands a call to
-    the keyed lookup whenever its tensors differ in anything the key holds, and still serves
-    tensors that differ only in what the key leaves out (requires_grad, subclass, strides).
-    Each call is compared with eager, and each trace with the signatures seen so far."""
+    the keyed lookup whenever its tensors differ in anything the key holds (requires_grad
+    included: the trace's tensors require grad where the call's do), and still serves tensors
+    that differ only in what the key leaves out (subclass, strides). Each call is compared
+    with eager, and each trace with the signatures seen so far."""
     traced = []
 
     def scaled(x, y):
@@ -569,8 +570,8 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         (x.to("meta"), y.to("meta")),  # device
         (x, torch.randn(1)),  # the second tensor's rank
         (x.t().contiguous().t(), y),  # strides only: the same graph
-        (x.clone().requires_grad_(), y),  # requires_grad only
-        (torch.nn.Parameter(x.clone()), y),  # a subclass of the same signature
+        (x.clone().requires_grad_(), y),  # requires_grad
+        (torch.nn.Parameter(x.clone()), y),  # a subclass of the signature just traced
         (x, y),
     ]
     for args in calls:
@@ -586,6 +587,7 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         ((2, 3), torch.float64, "cpu", 2),
         ((2, 3), torch.float32, "meta", 2),
         ((2, 3), torch.float32, "cpu", 1),
+        ((2, 3), torch.float32, "cpu", 2),
     ]
     assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
     leaf = x.clone().requires_grad_()

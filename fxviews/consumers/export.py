@@ -48,6 +48,7 @@ from torch.export.graph_signature import ExportGraphSignature, OutputSpec
 from fxviews.graph_rewriting import RewriteResult, RewriteSteps, rewrite_graph
 from fxviews.passes import FxViewsError
 from fxviews.passes.graph_edits import pytree_spec_copies
+from fxviews.passes.torch_internals import set_grad_enabled, wrap_with_set_grad_enabled
 
 __all__ = ["ExportRewriteResult", "rewrite_exported"]
 
@@ -69,13 +70,17 @@ def rewrite_exported(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     steps: RewriteSteps = RewriteSteps(),  # noqa: B008 - frozen: one shared default is safe
+    *,
+    inference: bool = False,
 ) -> ExportRewriteResult:
     """Rewrite every provably safe ``as_strided`` of an exported program, into a new program.
 
     Called by :func:`fxviews.rewrite` for an ``ExportedProgram``; the options are its own
     (``steps``: the opset and layout steps its arguments ask for). A training-IR program
     (``torch.export.export``'s default) is lowered first, with an empty decomposition table,
-    since that IR hides the as_strided of forward AD and autograd.
+    since that IR hides the as_strided of forward AD and autograd. Lowering inlines grad-mode
+    regions, so a program holding one is refused unless ``inference`` says no gradient will be
+    taken of the result (the ONNX and ExecuTorch consumers).
 
     Example::
 
@@ -88,6 +93,8 @@ def rewrite_exported(
             "example_inputs is for GraphModules without metadata; an ExportedProgram has it"
         )
     decomposed = program.dialect == "TRAINING"
+    if decomposed and not inference:
+        _refuse_grad_mode_regions(program)
     source = _run_decompositions(program) if decomposed else program
     # A program the steps leave alone stays exactly as it was (no dead code or alias dropped):
     # its compiler then sees what it would without fxviews.
@@ -118,6 +125,24 @@ def rewrite_exported(
         exported_program=new_program,
         decomposed=decomposed,
     )
+
+
+def _refuse_grad_mode_regions(program: ExportedProgram) -> None:
+    """Refuse a training-IR program holding a grad-mode region (``with torch.no_grad():`` in the
+    exported code): lowering it out of the training IR inlines the region, and the rewritten
+    program's module would differentiate what the exported one does not (Note [What autograd
+    sees is part of the trace] in ``fxviews/autograd_structure.py``)."""
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            if node.target in (wrap_with_set_grad_enabled, set_grad_enabled):
+                raise FxViewsError(
+                    f"fxviews.rewrite cannot rewrite this exported program: its training IR "
+                    f"keeps a grad-mode region (node {node.name!r}), which lowering it out of that "
+                    f"IR (run_decompositions, which the rewrite needs to see the as_strided of "
+                    f"autograd) inlines, so the rewritten program's gradients would differ. For "
+                    f"inference, lower it yourself (ep.run_decompositions()) and rewrite that."
+                )
 
 
 def _run_decompositions(program: ExportedProgram) -> ExportedProgram:
