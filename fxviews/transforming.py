@@ -20,13 +20,13 @@ cache hit for such a call costs as little as the checks it must make. It is writ
    no key, hash or lookup: ~1.1 us over the graph's own call in all (bench row 5), against
    ~2.2 us with the key.
 2. **The key.** Any other call of positional tensors is keyed by the tuple of each tensor's
-   ``(shape, dtype, device)`` (~0.35 us a tensor) and looked up; the entry it finds becomes
-   the hot one. Where that entry was already hot, the call's tensors differ from the
-   checked ones only in what the key leaves out (``requires_grad``, a subclass): the check
+   ``(shape, dtype, device, requires_grad)`` (~0.35 us a tensor) and looked up; the entry it
+   finds becomes the hot one. Where that entry was already hot, the call's tensors differ from
+   the checked ones only in what the key leaves out (a subclass, dispatch keys): the check
    is remade from them (~1.5 us, once per change of kind). Every other call (keywords,
    non-tensor or nested arguments) takes the general key, pytree spec plus leaf keys
    (:meth:`_GraphCache.lookup`), and never becomes hot; the two kinds of key never compare
-   equal, since a TreeSpec is not a ``(shape, dtype, device)`` triple.
+   equal, since a TreeSpec is not such a tuple.
 3. **The state.** A key maps to the entries traced for it, most recently used first; each
    entry holds the guard of the state it was traced in (Note [The state a graph bakes in]:
    process state and module modes). A hit is that guard passing (~0.2 us, and ~50 ns per
@@ -154,7 +154,7 @@ def transform(
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
-    dtype and device; every other value) and the state eager PyTorch would read afresh (grad
+    dtype, device and ``requires_grad``; every other value) and the state eager PyTorch would read afresh (grad
     mode, autocast, the default dtype and the rest of the process state ``torch.compile``
     guards on; the ``training`` flag of every module ``fn`` reaches: see *Guards* in the
     README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
