@@ -399,8 +399,9 @@ class AutogradWatch:
         if functorch_transforms_active():
             self.refuse(
                 name,
-                "it is applied inside a torch.func transform inside fn, whose result holds "
-                "the Function's rule as ops: the caller would differentiate those instead",
+                "it is applied inside a torch.func transform inside fn (or under transform's "
+                "functionalize=True), whose result holds the Function's rule as ops: the caller "
+                "would differentiate those instead",
             )
         for leaf in pytree.tree_leaves((args, kwargs)):
             if not isinstance(leaf, torch.Tensor) and not isinstance(leaf, _PLAIN):
@@ -551,7 +552,13 @@ def _autograd_grad(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> A
 def _requires_grad_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
     tensor = args[0]
     before = tensor.requires_grad
-    out = func(*args, **kwargs)
+    try:
+        out = func(*args, **kwargs)
+    except RuntimeError:
+        if functorch_transforms_active():  # refused for good: no later call can trace it
+            watch.refuse("Tensor.requires_grad_", "torch.func transforms refuse it (as eager's "
+                         "do; transform's functionalize=True is one)")  # fmt: skip
+        raise
     if tensor.requires_grad != before:
         watch.keep_tensor_call(set_requires_grad, tensor, tensor.requires_grad)
     return out

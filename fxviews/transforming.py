@@ -154,10 +154,10 @@ def transform(
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
-    dtype, device and ``requires_grad``; every other value) and the state eager PyTorch would read afresh (grad
-    mode, autocast, the default dtype and the rest of the process state ``torch.compile``
-    guards on; the ``training`` flag of every module ``fn`` reaches: see *Guards* in the
-    README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
+    dtype, device and ``requires_grad``; every other value) and the state eager PyTorch would
+    read afresh (grad mode, autocast, the default dtype and the rest of the process state
+    ``torch.compile`` guards on; the ``training`` flag of every module ``fn`` reaches: see
+    *Guards* in the README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
     those shapes in that state, outside any enclosing ``torch.func`` transform; its
     ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`, dead nodes
     are dropped, and the graph is cached (``cache_size`` entries, least recently used first

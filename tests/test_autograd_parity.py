@@ -512,3 +512,18 @@ def test_a_refusal_stands_where_fn_catches_it() -> None:
     with pytest.raises(fxviews.TracingError, match="register_hook") as caught:
         fxviews.trace(swallowing, torch.ones(3, requires_grad=True))
     assert caught.value.cause == "autograd"
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"), [("dqn_td", True), ("qat_ste", False), ("wgan_gp", False)]
+)
+def test_functionalize_keeps_regions_and_refuses_what_it_transforms(name: str, kept: bool) -> None:
+    """``functionalize=True`` traces ``fn`` inside a torch.func transform: a custom Function or
+    ``requires_grad_`` there is refused for good (not retried on every call)."""
+    eager, traced = PROGRAMS[name](), PROGRAMS[name]()
+    samples = make_samples([SAMPLE_SHAPE] * eager.arity, 1, seed=stable_seed(name))
+    transformed = fxviews.transform(traced.fn, functionalize=True)
+    for _ in range(2):
+        got = ROUTES["backward"](traced, transformed, samples)
+        assert_tree_close(got, ROUTES["backward"](eager, eager.fn, samples))
+    assert transformed.cache_info()[1:] == (1, 32, 1, 0 if kept else 1)
