@@ -157,8 +157,9 @@ def transform(
     dtype, device and ``requires_grad``; every other value) and the state eager PyTorch would
     read afresh (grad mode, autocast, the default dtype and the rest of the process state
     ``torch.compile`` guards on; the ``training`` flag of every module ``fn`` reaches: see
-    *Guards* in the README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
-    those shapes in that state, outside any enclosing ``torch.func`` transform; its
+    *Guards* in the README) select a cached graph. On a miss, ``fn`` is traced on fresh
+    contiguous tensors of those shapes in that state, outside any enclosing ``torch.func``
+    transform (they require grad where the call's do: see docs/autograd.md); its
     ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`, dead nodes
     are dropped, and the graph is cached (``cache_size`` entries, least recently used first
     out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
