@@ -227,7 +227,8 @@ class AutogradWatch:
     """Runs a trace's function, keeping or refusing its autograd structure (see the Note).
 
     ``writer`` is the recording (:class:`fxviews.recording.OpRecorder`); None means make_fx,
-    whose active proxy mode is found op by op.
+    whose proxy mode active when :meth:`run` starts is the one written to (a make_fx that
+    ``fn`` runs itself, as ``torch.func.linearize`` does, has its own).
 
     Example::
 
@@ -255,6 +256,8 @@ class AutogradWatch:
     def run(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` with the watch on; raises :class:`NotKept` on a refusal, even one
         ``call`` caught."""
+        if isinstance(self.writer, _MakeFxWriter):
+            self.writer.bind(get_proxy_mode())
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_keeping_functions(self))
@@ -454,15 +457,25 @@ _PLAIN = (
     torch.device,
     torch.layout,
     torch.memory_format,
+    slice,
+    type(Ellipsis),
 )
 
 
 class _MakeFxWriter:
-    """:class:`GraphWriter` of a make_fx trace: the proxy mode active at each call."""
+    """:class:`GraphWriter` of a make_fx trace, through its proxy mode."""
+
+    tracer: Any = None
+
+    def bind(self, mode: Any) -> None:
+        """Write to ``mode``'s graph: the proxy mode of the make_fx running the function."""
+        if mode is None:
+            raise RuntimeError("fxviews: AutogradWatch(None) runs only inside make_fx")
+        self.tracer = mode.tracer
 
     @property
     def graph(self) -> torch.fx.Graph:
-        return self._tracer().graph
+        return self.tracer.graph
 
     def unrecorded(self) -> contextlib.AbstractContextManager[Any]:
         return disable_proxy_modes_tracing()
@@ -470,18 +483,11 @@ class _MakeFxWriter:
     def record_call(
         self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
     ) -> None:
-        tracer = self._tracer()
+        tracer = self.tracer
         proxy_args = pytree.tree_map(tracer.unwrap_proxy, tuple(args))
         proxy_kwargs = pytree.tree_map(tracer.unwrap_proxy, kwargs)
         proxy = tracer.create_proxy("call_function", target, proxy_args, proxy_kwargs)
         track_tensor_tree(out, proxy, constant=None, tracer=tracer)
-
-    @staticmethod
-    def _tracer() -> Any:
-        mode = get_proxy_mode()
-        if mode is None:
-            raise RuntimeError("fxviews: AutogradWatch(None) runs only inside make_fx")
-        return mode.tracer
 
 
 class _AutogradOps(TorchDispatchMode):
