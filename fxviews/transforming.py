@@ -76,19 +76,25 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from fxviews.arguments import check_flags
+from fxviews.call_layouts import (
+    Offsets,
+    hot_check,
+    is_batched,
+    layout_key,
+    offset_bound_inputs,
+    offsets_hold,
+    offsets_of,
+)
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
     ModuleCalls,
     StateGuard,
     reachable_objects,
     read_training,
-    same_kind_check,
     uninitialized_lazy_modules,
 )
 from fxviews.passes.torch_internals import (
     disable_current_modes,
-    get_unwrapped,
-    is_batchedtensor,
     is_functorch_wrapped_tensor,
     pytree,
     run_outside_dynamo,
@@ -300,10 +306,13 @@ class _Entry:
     # The cache clock's tick at the last call that used this entry (Note [The cached call]).
     last_used: int = 0
     # For the hot call: how many positional tensors it takes, and the C++ check that a call's
-    # tensors are of the kind it last ran on (guards.same_kind_check); unset until a call
+    # tensors are of the kind it last ran on (call_layouts.hot_check); unset until a call
     # with positional tensors only runs it.
     arity: int = -1
     same_kind: Callable[..., bool] | None = None
+    # The storage offsets of graph inputs the graph reads memory of by position (Note [The
+    # layout of a call]): a call at other offsets needs another graph.
+    offsets: Offsets = ()
 
 
 class _GraphCache:
@@ -337,7 +346,7 @@ class _GraphCache:
         caller's to check. Counts no hit."""
         key = _positional_key(args)
         traced = self.entries.get(key) if key is not None else None
-        if not traced or traced[0].forward is None:
+        if not traced or traced[0].forward is None or not offsets_hold(args, traced[0].offsets):
             return None
         self._make_hot(traced[0], args)
         return traced[0]
@@ -346,7 +355,7 @@ class _GraphCache:
         # A hot entry reached again by the key failed its check: these tensors are of another
         # kind (requires_grad, dispatch keys) than the ones it was checked against.
         if entry.same_kind is None or entry is self.hot:
-            entry.same_kind = same_kind_check(args)
+            entry.same_kind = hot_check(args, entry.offsets)
             entry.arity = len(args)
         self.hot = entry
 
@@ -391,7 +400,7 @@ class _GraphCache:
         run it on. Raises :class:`_TraceLater` where ``fn`` cannot be traced now but may be
         later, and the TypeError of a call ``fn``'s signature does not accept."""
         if key is not None:
-            entry = self._get(key)
+            entry = self._get(key, args)
             if entry is None:
                 _check_arguments(self.fn, args, kwargs)
                 entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
@@ -399,24 +408,25 @@ class _GraphCache:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
         key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
-        entry = self._get(key)
+        entry = self._get(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
         if entry is None:
             _check_arguments(self.fn, args, kwargs)
             entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
         return entry, [leaves[i] for i in entry.input_positions]
 
-    def _get(self, key: Any) -> _Entry | None:
-        """The entry of ``key`` whose guard passes now (a hit), moved first in its list."""
-        entry = self._passing(key)
+    def _get(self, key: Any, tensors: Sequence[Any]) -> _Entry | None:
+        """The entry of ``key`` whose guard passes now for ``tensors`` (a hit), moved first in
+        its list."""
+        entry = self._passing(key, tensors)
         if entry is not None:
             self.hits += 1
             entry.last_used = next(self.clock)
         return entry
 
-    def _passing(self, key: Any) -> _Entry | None:
+    def _passing(self, key: Any, tensors: Sequence[Any]) -> _Entry | None:
         traced = self.entries.get(key, [])
         for position, entry in enumerate(traced):
-            if entry.guard.check():
+            if entry.guard.check() and offsets_hold(tensors, entry.offsets):
                 if position:
                     traced.insert(0, traced.pop(position))
                 return entry
@@ -426,7 +436,7 @@ class _GraphCache:
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> _Entry:
         with tracing_lock:
-            entry = self._passing(key)
+            entry = self._passing(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
             if entry is not None:  # built by another thread while this one waited
                 return entry
             if key in self.entries:  # traced for this signature, in another state
@@ -539,6 +549,7 @@ class _GraphCache:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             tensors = [leaves[i] for i in positions]
             gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
+            offsets = offsets_of(tensors, offset_bound_inputs(gm))
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict)
@@ -555,6 +566,7 @@ class _GraphCache:
                 out_info["spec"], out_info["from_graph"], out_info["constants"]
             ),
             keepalive=keepalive,
+            offsets=offsets,
         )
 
 
@@ -618,22 +630,13 @@ def _eager_when_batched(
     """
 
     def run(*tensors: Any) -> list[Any]:
-        if not any(_is_batched(t) for t in tensors):
+        if not any(is_batched(t) for t in tensors):
             return forward(*tensors)
         # Eager torch.func is not thread-safe: eager calls hold the tracing lock (_GraphCache.call).
         with tracing_lock:
             return flat_fn(*tensors)
 
     return run
-
-
-def _is_batched(tensor: Any) -> bool:
-    """Whether ``tensor`` is batched by a ``vmap`` at any level of the transforms around it."""
-    while isinstance(tensor, torch.Tensor) and is_functorch_wrapped_tensor(tensor):
-        if is_batchedtensor(tensor):
-            return True
-        tensor = get_unwrapped(tensor)
-    return False
 
 
 def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -645,8 +648,9 @@ def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
-    # torch.Size hashes and compares as the tuple of its sizes.
-    return (tensor.shape, tensor.dtype, tensor.device)
+    # torch.Size hashes and compares as the tuple of its sizes. The layout: Note [The layout
+    # of a call].
+    return (tensor.shape, tensor.dtype, tensor.device, layout_key(tensor))
 
 
 def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
