@@ -26,7 +26,7 @@ from torch.func import grad, jvp, vmap
 import fxviews
 from fxviews.layout_decisions import DECIDING_FUNCTIONS
 from tests.layout_sweep import LAYOUTS, LayoutOp, layout_deciding_ops, memory_format_ops
-from tests.reference import TEST_DEVICE, make_samples, stable_seed
+from tests.reference import TEST_DEVICE, make_samples, randn, stable_seed
 
 BATCH = 3
 
@@ -237,3 +237,44 @@ def test_the_sweep_finds_what_the_issue_names() -> None:
     assert {"reshape", "reshape_as", "flatten", "ravel", "contiguous"} <= names
     assert {"clone", "zeros_like", "ones_like", "full_like", "to"} <= names
     assert TEST_DEVICE.type in ("cpu", "cuda")
+
+
+def _bump(x: torch.Tensor) -> torch.Tensor:
+    y = x.contiguous()  # eager: a copy of a transposed x, which stays as it was
+    y.add_(1)
+    return y * 1
+
+
+def test_the_issue_examples() -> None:
+    """Issue 39's examples, tried as a new user would: each equals eager, the caller's tensor
+    included."""
+    x = randn(8, 4).t()
+    torch.testing.assert_close(fxviews.transform(lambda x: x.reshape(-1))(x), x.reshape(-1))
+    batch = randn(4, 3, 8)
+    flat = vmap(fxviews.transform(lambda x: x.flatten()), in_dims=1)(batch)
+    torch.testing.assert_close(flat, vmap(lambda x: x.flatten(), in_dims=1)(batch))
+    values = randn(6, 4)
+    mine, theirs = values.clone().t(), values.clone().t()
+    torch.testing.assert_close(fxviews.transform(_bump)(mine), _bump(theirs))
+    torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_explain_says_what_the_traced_layout_decided(layout: str) -> None:
+    x = LAYOUTS[layout](randn(4, 6))
+    records = [r for r in fxviews.explain(_bump, x).view_records if r.method == "runtime"]
+    [record] = records
+    assert record.after == "contiguous(x_1)"
+    traced = {"contiguous": ("x_1", "its input itself"), "transposed": ("clone", "a copy")}
+    before, kind = traced[layout]
+    assert record.before.startswith(before) and kind in record.reason
+    assert "test_layout_decisions.py" in (record.source or "")
+
+
+def test_a_traced_graph_decides_again_on_the_layout_it_is_given() -> None:
+    gm = fxviews.trace(_bump, randn(2, 3, 4, 6))  # traced where contiguous() is a no-op
+    for layout, make in LAYOUTS.items():
+        values = randn(2, 3, 4, 6)
+        mine, theirs = make(values), make(values)
+        torch.testing.assert_close(gm(mine), _bump(theirs), msg=layout)
+        torch.testing.assert_close(mine, theirs, msg=f"{layout}: the argument")
