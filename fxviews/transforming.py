@@ -14,19 +14,22 @@ cache hit for such a call costs as little as the checks it must make. It is writ
 
 1. **The hot call.** The cache remembers the entry the last call of positional tensors ran
    (``_GraphCache.hot``), with a C++ check that tensors are of the kind that call passed
-   (:func:`fxviews.guards.same_kind_check`, Dynamo's ``TensorGuards``: type, dispatch keys,
-   dtype, device, ``requires_grad``, sizes; ~80 ns a tensor). A call whose tensors pass it
-   has that entry's signature, since the check is stricter than the key below, and needs
-   no key, hash or lookup: ~1.1 us over the graph's own call in all (bench row 5), against
-   ~2.2 us with the key.
+   (:func:`fxviews.call_layouts.hot_check`, Dynamo's ``TensorGuards``: type, dispatch keys,
+   dtype, device, ``requires_grad``, sizes, strides of the tensors no vmap batches; ~80 ns a
+   tensor). A call whose tensors pass it has that entry's signature, since the check is
+   stricter than the key below, and needs no key, hash or lookup: ~1.1 us over the graph's
+   own call in all (bench row 5), against ~2.2 us with the key.
 2. **The key.** Any other call of positional tensors is keyed by the tuple of each tensor's
-   ``(shape, dtype, device)`` (~0.35 us a tensor) and looked up; the entry it finds becomes
-   the hot one. Where that entry was already hot, the call's tensors differ from the
-   checked ones only in what the key leaves out (``requires_grad``, a subclass): the check
-   is remade from them (~1.5 us, once per change of kind). Every other call (keywords,
-   non-tensor or nested arguments) takes the general key, pytree spec plus leaf keys
-   (:meth:`_GraphCache.lookup`), and never becomes hot; the two kinds of key never compare
-   equal, since a TreeSpec is not a ``(shape, dtype, device)`` triple.
+   ``(shape, dtype, device, strides)`` (the strides of the sample it is traced on: Note [The
+   layout of a call]; ~0.5 us a tensor) and looked up; the entry it finds becomes the hot
+   one. Where that entry was already hot, the call's tensors differ from the checked ones
+   only in what the key leaves out (``requires_grad``, a subclass, a direct call's strides
+   against a batched one's): the check is remade from them (~1.5 us, once per change of
+   kind). Every other call (keywords, non-tensor or nested arguments) takes the general key,
+   pytree spec plus leaf keys (:meth:`_GraphCache.lookup`), and never becomes hot; the two
+   kinds of key never compare equal, since a TreeSpec is not a ``(shape, dtype, device,
+   strides)`` tuple. A graph that reads an argument's memory by position is also held to its
+   storage offset, checked with the key and in the hot check.
 3. **The state.** A key maps to the entries traced for it, most recently used first; each
    entry holds the guard of the state it was traced in (Note [The state a graph bakes in]:
    process state and module modes). A hit is that guard passing (~0.2 us, and ~50 ns per
@@ -159,20 +162,25 @@ def transform(
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
-    dtype and device; every other value) and the state eager PyTorch would read afresh (grad
-    mode, autocast, the default dtype and the rest of the process state ``torch.compile``
-    guards on; the ``training`` flag of every module ``fn`` reaches: see *Guards* in the
-    README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
-    those shapes in that state, outside any enclosing ``torch.func`` transform; its
-    ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`, dead nodes
-    are dropped, and the graph is cached (``cache_size`` entries, least recently used first
-    out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
-    ``grad``, ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their compositions applied
-    around the result see plain aten ops and are right for any memory layout, for example a
-    batch dim that is not first in memory. ``fn`` may itself use ``torch.func`` transforms.
+    dtype, device and traced strides; every other value) and the state eager PyTorch would
+    read afresh (grad mode, autocast, the default dtype and the rest of the process state
+    ``torch.compile`` guards on; the ``training`` flag of every module ``fn`` reaches: see
+    *Guards* in the README) select a cached graph. On a miss, ``fn`` is traced on fresh
+    tensors of those shapes in that state (each sample of a batched argument contiguous, any
+    other argument in its own layout: Note [The layout of a call]), outside any enclosing
+    ``torch.func`` transform; its ``as_strided`` nodes are rewritten into view ops by
+    :func:`fxviews.rewrite`, dead nodes are dropped, and the graph is cached (``cache_size``
+    entries, least recently used first out). The graph then runs on the actual arguments, so
+    ``vmap``, ``jvp``, ``grad``, ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their
+    compositions applied around the result see plain aten ops and are right for any memory
+    layout, for example a batch dim that is not first in memory. ``fn`` may itself use
+    ``torch.func`` transforms.
 
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
-    relative to the layout its input had when traced: fresh and contiguous.
+    relative to the layout its input had when traced: the argument's own where it is called
+    directly (eager's numbers), a contiguous sample's under ``vmap``. ``reshape``, ``flatten``,
+    ``contiguous()`` and their kin decide view or copy when the graph runs (Note [Layout
+    decisions at run time]).
 
     Tracing records ``fn``'s ops on one sample's real values (one per-sample eager call of
     compute), and goes on to fake mode wherever values could leave the graph (``.item()``,
@@ -273,7 +281,8 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 
     For debugging: print the result to see every as_strided node, what it became and why, and
     the diff of the graph code. The trace reads ``args`` as they are, layout included (unlike
-    :func:`transform`, which traces fresh contiguous tensors); call it outside ``torch.func``
+    :func:`transform`, which traces each batched sample as a fresh contiguous tensor); call it
+    outside ``torch.func``
     transforms.
 
     Example::
