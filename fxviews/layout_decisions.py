@@ -32,7 +32,7 @@ in Python (``nn.Flatten``, ``nn.functional``), and records each as its aten op:
    nodes, left without users, are erased once the trace ends (:func:`drop_decompositions`).
 4. When the graph runs, the composite op decides view or copy on the layout it is given, and
    under ``vmap``, ``grad`` and ``jvp`` their own rules decide, per sample, as they decide for
-   eager code. The node's ``meta[DECIDED]`` says what the traced layout gave;
+   eager code. The node's ``meta[LAYOUT_DECISION]`` says what the traced layout gave;
    :func:`decision_records` makes the records ``explain`` and ``transform`` report.
 5. Where the choice is observable (the result or its input is written afterwards, or it is
    returned aliasing an input) and the memory is a buffer the graph made, vmap's rules would
@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -86,7 +86,6 @@ from fxviews.passes.torch_internals import (
 from fxviews.recording import OpRecorder
 
 __all__ = [
-    "DECIDED",
     "OFFSET_READ",
     "LayoutDecisions",
     "decision_records",
@@ -96,9 +95,6 @@ __all__ = [
 
 aten = torch.ops.aten
 
-#: ``node.meta`` key of a composite node: what its traced layout gave, a kind and the op, e.g.
-#: ``("a view of its input", "view(x, [32])")`` (layout pinning reads it too).
-DECIDED = LAYOUT_DECISION
 #: ``node.meta`` key of a decomposition node the composite node replaces (erased if unused).
 _DECOMPOSED = "fxviews_decomposition_of"
 #: ``node.meta`` key of a node whose tensor's ``storage_offset()`` the traced Python read.
@@ -175,20 +171,18 @@ _DECIDERS: dict[Any, Callable[..., _Call | None]] = {
 DECIDING_FUNCTIONS = frozenset(_DECIDERS)
 
 
-class _Tracer:
+class _Tracer(Protocol):
     """What :class:`LayoutDecisions` needs of the tracer running: the node of a tensor, and a
     new node bound to a result."""
 
     graph: torch.fx.Graph
 
-    def node_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
-        raise NotImplementedError
+    def node_for(self, tensor: torch.Tensor) -> torch.fx.Node | None: ...
 
-    def add(self, call: _Call, source: torch.fx.Node, result: torch.Tensor) -> torch.fx.Node:
-        raise NotImplementedError
+    def add(self, call: _Call, source: torch.fx.Node, result: torch.Tensor) -> torch.fx.Node: ...
 
 
-class _Recording(_Tracer):
+class _Recording:
     def __init__(self, recorder: OpRecorder) -> None:
         self.recorder = recorder
         self.graph = recorder.graph
@@ -206,7 +200,7 @@ class _Recording(_Tracer):
         return node
 
 
-class _MakeFx(_Tracer):
+class _MakeFx:
     def __init__(self, proxy_mode: Any) -> None:
         self.tracer = proxy_mode.tracer
         self.graph = self.tracer.graph
@@ -274,7 +268,9 @@ class LayoutDecisions(TorchFunctionMode):
         decomposition = _nodes_after(last)
         with no_torch_function():  # the tracer's bookkeeping reads storages
             node = tracer.add(call, source, inner_out)
-            node.meta[DECIDED] = _what_was_decided(inner_x, inner_out, decomposition, source)
+            node.meta[LAYOUT_DECISION] = _what_was_decided(
+                inner_x, inner_out, decomposition, source
+            )
         note_user_frames(node)
         for made in decomposition:
             made.meta[_DECOMPOSED] = node.name
@@ -348,7 +344,7 @@ def drop_decompositions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def decided_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
     """The composite nodes :class:`LayoutDecisions` recorded in ``graph``."""
-    return (node for node in graph.nodes if DECIDED in node.meta)
+    return (node for node in graph.nodes if LAYOUT_DECISION in node.meta)
 
 
 def decision_records(graph: torch.fx.Graph) -> list[Record]:
@@ -362,7 +358,7 @@ def decision_records(graph: torch.fx.Graph) -> list[Record]:
     """
     records = []
     for node in decided_nodes(graph):
-        kind, traced = node.meta[DECIDED]
+        kind, traced = node.meta[LAYOUT_DECISION]
         records.append(
             Record(
                 node.name,

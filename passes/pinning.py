@@ -123,7 +123,8 @@ LAYOUT_KERNELS: dict[Any, str] = {
 }
 
 #: ``node.meta`` key fxviews' tracer puts on a layout-deciding call it kept as its aten op: what
-#: the traced layout decided (Note [Layout decisions at run time] in fxviews/layout_decisions.py).
+#: the traced layout gave, a kind and the op, e.g. ``("a view of its input", "view(x, [32])")``
+#: (Note [Layout decisions at run time] in fxviews/layout_decisions.py).
 LAYOUT_DECISION = "fxviews_layout_decision"
 
 #: Views that fail when they merge dims the layout does not let them merge.
