@@ -204,17 +204,26 @@ def requiring_grad_like(fresh: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     does, as fn sees it (a ``torch.func.grad`` wrapper does): a Python branch on
     ``requires_grad``, a hook, ``autograd.grad``, a custom Function's ``grad_fn`` then meet in
     the trace what the call gives them. A non-leaf, so ``fn``'s in-place ops on it run (on the
-    caller's leaf they raise when the graph runs, as eager's do).
+    caller's leaf they raise when the graph runs, as eager's do), and not a view, of
+    ``fresh``'s exact sizes, strides and storage offset over a copy of its whole storage: a
+    clone would make a sliced sample dense at offset 0, and the trace would read a direct
+    call's ``as_strided`` against another layout than the call's (Note [The layout of a call]).
 
     Example::
 
-        >>> requiring_grad_like(torch.zeros(2), torch.ones(2, requires_grad=True)).is_leaf
-        False
+        >>> x = torch.zeros(4, 6)[1:, 2:5]
+        >>> y = requiring_grad_like(x, torch.ones(3, 3, requires_grad=True))
+        >>> y.is_leaf, y._is_view(), y.stride(), y.storage_offset()
+        (False, False, (6, 1), 8)
     """
     if not value.requires_grad or not (fresh.is_floating_point() or fresh.is_complex()):
         return fresh
+    elements = fresh.untyped_storage().nbytes() // fresh.element_size()
+    whole = torch.empty(0, dtype=fresh.dtype, device=fresh.device)
+    whole.set_(fresh.untyped_storage(), 0, (elements,), (1,))
     with torch.enable_grad():
-        return fresh.requires_grad_().clone()
+        copy = whole.requires_grad_().clone()
+        return copy.as_strided_(fresh.shape, fresh.stride(), fresh.storage_offset())
 
 
 def _other_state() -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fxviews.autograd_structure import AUTOGRAD_KEPT
+from fxviews.layout_decisions import decision_records
 from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
@@ -223,6 +224,7 @@ def _rewrite_steps(
 ) -> RewriteResult:
     """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
     start = time.perf_counter()
+    decided = decision_records(gm.graph)  # what the trace kept deciding at run time
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(
         strict=strict, example_inputs=example_inputs, recompile=False, opset=steps.opset
@@ -255,7 +257,7 @@ def _rewrite_steps(
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
-        view_records=credit_engine(reshaped.records, made),
+        view_records=[*decided, *credit_engine(reshaped.records, made)],
         pin_records=credit_engine(_note_guards(pinned.records, guarded), made),
         clone_records=reclones.records,
         unfold_records=unfolds.records,

@@ -288,6 +288,16 @@ class OpRecorder(TorchDispatchMode):
         self._storages.clear()
         return gm
 
+    def node_for(self, tensor: torch.Tensor) -> torch.fx.Node:
+        """The node standing for ``tensor`` (a constant's ``get_attr`` the first time)."""
+        return self._node_of(tensor)
+
+    def rebind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        """Make ``node`` (added to :attr:`graph` by the caller) stand for ``tensor``, a result of
+        an op recorded already: later ops read it through ``node`` (Note [Layout decisions at
+        run time])."""
+        self._bind(tensor, node)
+
     def _track_item(self, node: torch.fx.Node, index: int, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value

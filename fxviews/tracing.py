@@ -58,7 +58,9 @@ from torch.overrides import TorchFunctionMode
 
 from fxviews.arguments import check_flags
 from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_like
+from fxviews.call_layouts import fake_sample, real_sample, sample_bytes
 from fxviews.graph_rewriting import TRACED_WITH
+from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.layout_truth import REAL_LAYOUTS
@@ -236,7 +238,7 @@ def trace(
 
         >>> gm = fxviews.trace(lambda x: x.t().contiguous(), torch.randn(2, 3))
         >>> [n.target for n in gm.graph.nodes if n.op == "call_function"]
-        [aten.t.default, aten.clone.default]
+        [aten.t.default, aten.contiguous.default]
     """
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
@@ -257,17 +259,18 @@ def capture(
     """make_fx ``fn(*args)``: fake mode, else real mode where fake mode falls short (see Note).
 
     ``fresh=False`` traces on the tensors' own layouts (``args`` are the examples);
-    ``fresh=True`` on fresh contiguous tensors of their logical shapes, dtypes and devices
-    (``args`` may then be wrapped by enclosing transforms; only their metadata, and their
+    ``fresh=True`` on fresh tensors of their logical shapes, dtypes and devices, contiguous
+    where vmap batches them and of their own layout otherwise (Note [The layout of a call];
+    ``args`` may then be wrapped by enclosing transforms; only their metadata, and their
     values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
     messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
-    call = _positional(fn, len(args))
+    call = deciding_at_run_time(_positional(fn, len(args)))
     reads_memory = False  # the recording saw fn read tensor memory from Python
     with tracing_lock, _capturing():
         if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
-                gm = _record_on_a_sample(call, args)
+                gm = drop_decompositions(_record_on_a_sample(call, args))
                 gm.meta[TRACED_WITH] = RECORDED
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
@@ -291,6 +294,7 @@ def capture(
                 )
                 autograd.finish(gm)
             _check_no_meta_leak(gm)
+            gm = drop_decompositions(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
@@ -309,7 +313,9 @@ def capture(
                 f"{first_line(fake_error)})",
                 "untraceable",
             ) from fake_error
-        gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+        gm = drop_decompositions(
+            _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+        )
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
 
@@ -337,7 +343,7 @@ RECORDING_LIMIT_BYTES = 64 * 2**20
 def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
     """Whether one sample of ``args`` (their logical shapes) is small enough to record."""
     size = sum(
-        leaf.numel() * leaf.element_size()
+        sample_bytes(leaf)
         for leaf in pytree.tree_leaves(list(args))
         if isinstance(leaf, torch.Tensor)
     )
@@ -456,15 +462,16 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
 
 
 def _fake_examples(args: Sequence[Any], mode: FakeTensorMode, fresh: bool) -> list[Any]:
-    """Fake tensors for ``args``: fresh contiguous ones, or copies of their exact layouts."""
+    """Fake tensors for ``args``: fresh ones (Note [The layout of a call]), or copies of their
+    exact layouts."""
 
     def convert(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         if fresh:
+            sample = fake_sample(value, mode)
             with mode:
-                fresh_value = torch.empty(value.shape, dtype=value.dtype, device=value.device)
-                return requiring_grad_like(fresh_value, value)
+                return requiring_grad_like(sample, value)
         if isinstance(value, FakeTensor) and value.fake_mode is mode:
             return value
         # from_tensor keeps sizes, strides, storage offset, and aliasing between arguments.
@@ -647,9 +654,7 @@ def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
             return value
         sample = _plain_sample(value)
         if fresh:
-            return requiring_grad_like(
-                sample.detach().clone(memory_format=torch.contiguous_format), value
-            )
+            return requiring_grad_like(real_sample(value, sample), value)
         if sample is not value:  # fake or meta: no values to copy
             return sample.requires_grad_() if value.requires_grad else sample
         storage = value.untyped_storage()

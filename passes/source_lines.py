@@ -28,13 +28,13 @@ from types import FrameType
 
 import torch.fx
 
-from .op_tables import AS_STRIDED_OPS
+from .op_tables import AS_STRIDED_OPS, LAYOUT_DECIDING_OPS
 from .torch_internals import reshape_alias
 
 #: Top-level modules whose frames are the machinery between the user's code and an op.
 _INTERNAL_MODULES = frozenset({"torch", "functorch", "fxviews", "contextlib", "functools", "runpy"})
 #: The nodes whose stack a tracer without stacks records: those messages are about.
-NOTED_OPS = frozenset({*AS_STRIDED_OPS, reshape_alias})
+NOTED_OPS = frozenset({*AS_STRIDED_OPS, reshape_alias, *LAYOUT_DECIDING_OPS})
 #: How many of the user's innermost frames a recorded stack keeps.
 MAX_FRAMES = 8
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>[^\n]+)')

@@ -44,6 +44,11 @@ try:
     # pytree flattening of arguments and results (the cache key, the graph's output spec). 1.8.
     import torch.utils._pytree as pytree
     from torch._C import Argument as SchemaArgument
+
+    # Bookkeeping inside a torch function mode's handler, below the other modes (the recording's
+    # refusal of Python reads of storages among them), and tensor attributes read with no mode
+    # or subclass in between: DisableTorchFunction, 2.0.
+    from torch._C import DisableTorchFunction as no_torch_function
     from torch._C import (
         _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
     )
@@ -109,10 +114,13 @@ try:
     # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
     # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
     # maybe_get_bdim). 2.0.
+    # A layout-deciding call on a functionalized tensor is left as traced (Note [Layout
+    # decisions at run time]): is_functionaltensor, 2.0.
     from torch._C._functorch import (
         get_inplace_requires_grad_allowed,
         get_unwrapped,
         is_batchedtensor,
+        is_functionaltensor,
         is_functorch_wrapped_tensor,
         maybe_get_bdim,
         set_inplace_requires_grad_allowed,
@@ -168,6 +176,9 @@ try:
     # A call make_fx keeps as one node (a custom autograd.Function's apply): its own work run
     # with the proxy modes off (disable_proxy_modes_tracing), its results bound to the node's
     # proxy (track_tensor_tree), as higher-order ops do. 2.1.
+    # A node make_fx did not make, bound to a result (track_tensor_tree, 2.0) with the proxy
+    # mode off, as make_fx binds them (disable_proxy_modes_tracing, 2.0): the layout-deciding
+    # calls fxviews records as their aten ops (Note [Layout decisions at run time]).
     from torch.fx.experimental.proxy_tensor import (
         disable_proxy_modes_tracing,
         get_proxy_mode,
@@ -185,6 +196,10 @@ try:
     from torch.utils._mode_utils import no_dispatch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+
+    # The dispatch modes active now, innermost last (_get_current_dispatch_mode_stack, 2.0):
+    # finds the recording a layout-deciding call is made under.
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as dispatch_modes
 except ImportError as err:
     # A name missing from a module that exists: err.name is that module, the message names both.
     raise missing_internal_error(err.name or "a torch module", err) from err
@@ -300,6 +315,23 @@ def has_meta_kernel(op: OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta")
 
 
+def has_composite_implicit_kernel(op: OpOverload) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel: it decomposes above the
+    dispatcher, so a trace sees only the ops it decided on (the tests' search for
+    layout-deciding ops; ``_dispatch_has_kernel_for_dispatch_key``, 1.13).
+
+    Example::
+
+        >>> has_composite_implicit_kernel(torch.ops.aten.reshape.default)
+        True
+    """
+    key = "CompositeImplicitAutograd"
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+    except RuntimeError:  # a TorchScript-only overload (aten::acos.int): not in the dispatcher
+        return False
+
+
 def storage_identity(tensor: torch.Tensor) -> int:
     """An id shared by exactly the tensors that view the same storage, meta tensors included.
 
@@ -359,12 +391,6 @@ wrap_with_set_grad_enabled = torch.ops.higher_order.wrap_with_set_grad_enabled
 # module backward hooks apply to a module's inputs and outputs (BackwardHookFunction, 1.13).
 BackwardCFunction = torch.autograd.function.BackwardCFunction
 BackwardHookFunction = torch.nn.modules._functions.BackwardHookFunction
-
-
-def no_torch_function() -> Any:
-    """A context in which tensor attributes are read with no torch function mode or subclass
-    in between (``torch._C.DisableTorchFunction``, 1.x)."""
-    return torch._C.DisableTorchFunction()
 
 
 def functorch_transforms_active() -> bool:
@@ -488,6 +514,11 @@ BOUND_NAMES = (
     "make_fx",
     "get_proxy_mode",
     "get_proxy_slot",
+    "track_tensor_tree",
+    "no_torch_function",
+    "disable_proxy_modes_tracing",
+    "dispatch_modes",
+    "is_functionaltensor",
     "GuardOnDataDependentSymNode",
     "ShapeEnv",
     "PassBase",
@@ -546,6 +577,7 @@ BOUND_NAMES = (
     "install_graph",
     "op_schema",
     "has_meta_kernel",
+    "has_composite_implicit_kernel",
     "storage_identity",
     "is_boxed_call",
     "symbol_hints",
@@ -560,12 +592,9 @@ BOUND_NAMES = (
     "BackwardCFunction",
     "BackwardHookFunction",
     "functorch_transforms_active",
-    "no_torch_function",
     "top_saved_tensors_hooks",
     "tensor_hooks",
     "module_backward_hooks",
-    "disable_proxy_modes_tracing",
-    "track_tensor_tree",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

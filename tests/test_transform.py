@@ -549,14 +549,14 @@ def test_lru_counts_every_hit_of_both_key_kinds():
 
 def test_hot_call_serves_only_tensors_of_its_signature():
     """The hot call (the entry the last positional call ran, checked in C++) hands a call to
-    the keyed lookup whenever its tensors differ in anything the key holds (requires_grad
-    included: the trace's tensors require grad where the call's do), and still serves tensors
-    that differ only in what the key leaves out (subclass, strides). Each call is compared
-    with eager, and each trace with the signatures seen so far."""
+    the keyed lookup whenever its tensors differ in anything the key holds (strides: Note [The
+    layout of a call]; requires_grad: the trace's tensors require grad where the call's do),
+    and still serves tensors that differ only in what the key leaves out (subclass). Each call
+    is compared with eager, and each trace with the signatures seen so far."""
     traced = []
 
     def scaled(x, y):
-        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim()))
+        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim(), x.stride()))
         return x.sum(-1, keepdim=True) * y
 
     tf = fxviews.transform(scaled)
@@ -569,7 +569,7 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         (x.double(), y.double()),  # dtype
         (x.to("meta"), y.to("meta")),  # device
         (x, torch.randn(1)),  # the second tensor's rank
-        (x.t().contiguous().t(), y),  # strides only: the same graph
+        (x.t().contiguous().t(), y),  # strides only: a layout of its own
         (x.clone().requires_grad_(), y),  # requires_grad
         (torch.nn.Parameter(x.clone()), y),  # a subclass of the signature just traced
         (x, y),
@@ -582,12 +582,13 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         if got.device.type != "meta":
             torch.testing.assert_close(got, want)
     assert traced == [
-        ((2, 3), torch.float32, "cpu", 2),
-        ((3, 3), torch.float32, "cpu", 2),
-        ((2, 3), torch.float64, "cpu", 2),
-        ((2, 3), torch.float32, "meta", 2),
-        ((2, 3), torch.float32, "cpu", 1),
-        ((2, 3), torch.float32, "cpu", 2),
+        ((2, 3), torch.float32, "cpu", 2, (3, 1)),
+        ((3, 3), torch.float32, "cpu", 2, (3, 1)),
+        ((2, 3), torch.float64, "cpu", 2, (3, 1)),
+        ((2, 3), torch.float32, "meta", 2, (3, 1)),
+        ((2, 3), torch.float32, "cpu", 1, (3, 1)),
+        ((2, 3), torch.float32, "cpu", 2, (1, 2)),  # traced on the call's own layout
+        ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # requiring grad
     ]
     assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
     leaf = x.clone().requires_grad_()
