@@ -63,7 +63,6 @@ from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
-    FakeTensorDeviceMismatchError,
     FakeTensorMode,
     GuardOnDataDependentSymNode,
     ShapeEnv,
@@ -271,7 +270,12 @@ def capture(
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
         try:
-            with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
+            with (
+                preserved_torch_state(),
+                _BranchDetector(),
+                _quiet_fake_tensor_log(),
+                internals.traceable_jacobian_basis(),
+            ):
                 # A graph transform caches must not bake in a closed-over tensor's value;
                 # trace and explain give the graph of this call, values included, as make_fx.
                 guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
@@ -559,7 +563,7 @@ def _is_fake_mode_limitation(err: Exception) -> bool:
     An allowlist, not a guess: any other failure (``.numpy()``, say, which a real trace would
     turn into a constant of the example's values) must not reach real mode.
     """
-    if isinstance(err, (FakeTensorDeviceMismatchError, _MetaDeviceLeak)):
+    if isinstance(err, _MetaDeviceLeak) or internals.is_fake_device_mismatch(err):
         return True  # forward AD's zero tangents through layer_norm/batch_norm
     text = str(err)
     # Forward AD's _fw_primal/_make_dual reach their inference-only native stubs on fakes.
