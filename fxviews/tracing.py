@@ -56,6 +56,7 @@ from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.layout_truth import REAL_LAYOUTS
 from fxviews.passes.random_state import forked_rng
 from fxviews.passes.source_lines import internal_frame
@@ -263,6 +264,7 @@ def capture(
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
+                raise_if_device_failed(err, devices_of(list(args)), f"recording {name}")
                 if raised_by_user_code(err):
                     raise
                 reads_memory = isinstance(err, ReadsMemory)
@@ -284,6 +286,8 @@ def capture(
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
+            # Fake mode runs ops on real constants (closed-over tensors) for real.
+            raise_if_device_failed(err, devices_of(list(args)), f"tracing {name} in fake mode")
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
         if reads_memory and not _is_fake_mode_limitation(fake_error):
@@ -597,6 +601,7 @@ def _capture_real(
             "data-dependent shape",
         ) from err
     except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
+        raise_if_device_failed(err, devices_of(real_args), f"tracing {name} in real mode")
         raise TracingError(
             f"{caller} could not trace {name} in fake mode ({type(fake_error).__name__}: "
             f"{first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
@@ -687,6 +692,7 @@ def _recompute_layouts(
             finally:
                 guard.restore_foreign_writes()
     except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown
+        raise_if_device_failed(err, devices_of(flat), f"recomputing the layouts of {name}")
         raise TracingError(
             f"{caller} traced {name} in real mode but could not recompute the exact layouts of "
             f"its graph in fake mode ({type(err).__name__}: {first_line(err)})",
