@@ -27,7 +27,7 @@ OLDEST_TORCHVISION ?= 0.26.0
 OLDEST_PY := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.fxviews-installed
 
-.PHONY: setup lint test test-device test-oldest-torch test-newest-torch test-litert demo bench fuzz clean
+.PHONY: setup lint test test-device device-wheels test-oldest-torch test-newest-torch test-litert demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -68,12 +68,23 @@ test: lint
 
 # `make test-device DEVICE=cuda` (or cuda:1, ...): the differential tests (the files listed in
 # tests/on_device.sh) with their samples on DEVICE, through FXVIEWS_TEST_DEVICE, in $(VENV). A
-# device this machine lacks fails them at collection, saying so; the rest of the suite is
-# `make test`'s, on CPU.
+# device this machine lacks fails the preflight, saying so; the rest of the suite is
+# `make test`'s, on CPU. tests/on_device.sh LOGDIR alone also runs the bench's device rows.
 DEVICE ?= cuda
 
 test-device: setup
-	DEVICE=$(DEVICE) PYTHON=$(PY) PYTEST_ARGS='$(PYTEST_OPTIONS)' tests/on_device.sh
+	DEVICE=$(DEVICE) PYTHON=$(PY) PYTEST_ARGS='$(PYTEST_OPTIONS)' BENCH=0 TESTS_TIMEOUT=0 \
+		tests/on_device.sh
+
+# `make device-wheels`: the pure-Python wheels tests/on_device.sh needs beyond torch, for a
+# GPU machine's own Python 3.12 where nothing can be installed: carried in .device-wheels/,
+# unpacked onto the path by the script.
+DEVICE_WHEELS := tabulate pytest pluggy iniconfig packaging pygments hypothesis \
+	sortedcontainers expecttest pytest-xdist execnet pytest-timeout
+
+device-wheels:
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version 3.12 \
+		--implementation py --abi none --platform any -d .device-wheels $(DEVICE_WHEELS)
 
 # `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
 # FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential
@@ -147,4 +158,4 @@ bench: setup
 	$(PY) -m fxviews bench
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(NEWEST_VENV) $(LITERT_VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(NEWEST_VENV) $(LITERT_VENV) .device-wheels build *.egg-info

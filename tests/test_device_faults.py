@@ -8,10 +8,12 @@ CUDA context does, at the places that used to read any failure as an answer.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,8 @@ from fxviews.passes import device_faults, layout_truth
 from fxviews.passes.device_faults import DeviceFailure, raise_if_device_failed
 from fxviews.passes.torch_internals import op_db
 from tests import device_checks
+
+REPO = Path(__file__).resolve().parent.parent
 
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
 
@@ -175,3 +179,29 @@ def test_a_device_failure_stops_the_whole_test_run(tmp_path) -> None:
     assert "1 failed" in out and "passed" not in out, out
     assert "AcceleratorError" in out and "test_faults" in out, out
 
+
+def test_the_device_script_names_what_is_missing_in_one_line(tmp_path) -> None:
+    """tests/on_device.sh on a Python that lacks a package: one line naming it, nothing run."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "expecttest.py").write_text("raise ImportError('not on this machine')\n")
+    logs = tmp_path / "logs"
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "PYTHON": sys.executable,
+        "WHEELS": str(tmp_path / "no_wheels"),
+        "PYTHONPATH": str(hidden),
+    }
+    done = subprocess.run(
+        [str(REPO / "tests" / "on_device.sh"), str(logs)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode != 0
+    [line, summary] = done.stdout.splitlines()
+    assert line.startswith("preflight: python ") and "lacks expecttest" in line, line
+    assert "nothing ran" in summary
+    assert sorted(p.name for p in logs.iterdir()) == ["preflight.log", "summary.txt"]
