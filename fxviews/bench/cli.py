@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmarks ``args`` select, print their tables, write JSON if asked.
 
     Exit code 0; 1 if a measured path raised (its cell says why); 2, before measuring anything,
-    for unknown rows, an output path that cannot be written, or ``--plot`` without matplotlib.
+    for unknown rows, an output path that cannot be written, ``--plot`` without matplotlib, or
+    a ``--device`` this machine lacks (or rows it does not run on a device).
     """
     default = DEVICE_ROWS if args.device is not None else ROWS
     rows = [r.strip() for r in (args.rows or ",".join(default)).split(",") if r.strip()]
