@@ -63,6 +63,7 @@ from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.layout_truth import REAL_LAYOUTS
 from fxviews.passes.random_state import forked_rng
 from fxviews.passes.source_lines import internal_frame
@@ -70,7 +71,6 @@ from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
-    FakeTensorDeviceMismatchError,
     FakeTensorMode,
     GuardOnDataDependentSymNode,
     ShapeEnv,
@@ -277,6 +277,7 @@ def capture(
             except NotKept as err:  # the same in fake mode: no graph keeps it
                 raise _autograd_not_kept(err, caller, name) from err
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
+                raise_if_device_failed(err, devices_of(list(args)), f"recording {name}")
                 if raised_by_user_code(err):
                     raise
                 reads_memory = isinstance(err, ReadsMemory)
@@ -284,7 +285,12 @@ def capture(
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
         try:
-            with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
+            with (
+                preserved_torch_state(),
+                _BranchDetector(),
+                _quiet_fake_tensor_log(),
+                internals.traceable_jacobian_basis(),
+            ):
                 # A graph transform caches must not bake in a closed-over tensor's value;
                 # trace and explain give the graph of this call, values included, as make_fx.
                 guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
@@ -298,6 +304,8 @@ def capture(
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
+            # Fake mode runs ops on real constants (closed-over tensors) for real.
+            raise_if_device_failed(err, devices_of(list(args)), f"tracing {name} in fake mode")
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
         if reads_memory and not _is_fake_mode_limitation(fake_error):
@@ -591,7 +599,7 @@ def _is_fake_mode_limitation(err: Exception) -> bool:
     An allowlist, not a guess: any other failure (``.numpy()``, say, which a real trace would
     turn into a constant of the example's values) must not reach real mode.
     """
-    if isinstance(err, (FakeTensorDeviceMismatchError, _MetaDeviceLeak)):
+    if isinstance(err, _MetaDeviceLeak) or internals.is_fake_device_mismatch(err):
         return True  # forward AD's zero tangents through layer_norm/batch_norm
     text = str(err)
     # Forward AD's _fw_primal/_make_dual reach their inference-only native stubs on fakes.
@@ -631,6 +639,7 @@ def _capture_real(
             "data-dependent shape",
         ) from err
     except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
+        raise_if_device_failed(err, devices_of(real_args), f"tracing {name} in real mode")
         raise TracingError(
             f"{caller} could not trace {name} in fake mode ({type(fake_error).__name__}: "
             f"{first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
@@ -721,6 +730,7 @@ def _recompute_layouts(
             finally:
                 guard.restore_foreign_writes()
     except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown
+        raise_if_device_failed(err, devices_of(flat), f"recomputing the layouts of {name}")
         raise TracingError(
             f"{caller} traced {name} in real mode but could not recompute the exact layouts of "
             f"its graph in fake mode ({type(err).__name__}: {first_line(err)})",

@@ -41,7 +41,8 @@ fake strides against real ones:
    layout cannot be computed (an op that is not aten's, prims' or a torch function, a
    higher-order op, a kernel that fails on zeros, an argument on the meta device or on one
    this process cannot reach) the node is kept too, saying why: a layout that could not be
-   checked is not proven.
+   checked is not proven. A failure that leaves the device unusable is not such an answer:
+   it raises (Note [A device error is fatal] in ``device_faults``).
 
 Only the layouts are compared (sizes, strides of dims of size > 1, storage offset), never
 values. With symbolic shapes the check runs at the trace-time sizes (the symbols' hints): a
@@ -75,6 +76,7 @@ import torch.fx
 
 from . import torch_internals as internals
 from .as_strided_calls import as_strided_op, bind_as_strided
+from .device_faults import raise_if_device_failed
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
 from .op_tables import is_view_op
@@ -338,6 +340,11 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
             if key in _EAGER_RUNS:
                 _EAGER_RUNS.move_to_end(key)
                 return _EAGER_RUNS[key]
+    # A failure is an answer (the layout stays unchecked) unless the device failed: then it
+    # is fatal (Note [A device error is fatal] in device_faults).
+    leaves = pytree.tree_leaves((args, kwargs))
+    devices = {v.device for v in leaves if isinstance(v, _Spec | torch.Tensor)}
+    what = f"the eager kernel of {op_name(node.target)} ({node.name!r})"
     try:
         # On the traced device: a kernel's layouts may differ between devices (CUDA's from
         # CPU's), and one this process cannot reach (fake CUDA tensors on a machine without
@@ -346,19 +353,17 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
             lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
         )
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError
+        raise_if_device_failed(err, devices, f"making the arguments of {what}")
         result = _Unchecked(
-            f"no tensor for the eager kernel of {op_name(node.target)} ({node.name!r}) can be "
-            f"made on its traced device here ({_first_line(err)})"
+            f"no tensor for {what} can be made on its traced device here ({_first_line(err)})"
         )
     else:
         try:
             out = run(*real_args, **real_kwargs)
             result = pytree.tree_map(_layout_of, out)
-        except Exception as err:  # noqa: BLE001 - any failure leaves the layout unchecked
-            result = _Unchecked(
-                f"the eager kernel of {op_name(node.target)} ({node.name!r}) fails on zeros of "
-                f"the traced layouts ({_first_line(err)})"
-            )
+        except Exception as err:  # noqa: BLE001 - any other failure leaves the layout unchecked
+            raise_if_device_failed(err, devices, what)
+            result = _Unchecked(f"{what} fails on zeros of the traced layouts ({_first_line(err)})")
     if key is not None:
         with _EAGER_RUNS_LOCK:
             _EAGER_RUNS[key] = result

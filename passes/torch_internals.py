@@ -20,16 +20,17 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import torch
 
 #: The torch releases fxviews is tested on; named in every error about a missing internal.
-SUPPORTED_TORCH = ">=2.13,<2.16"
+SUPPORTED_TORCH = ">=2.11,<2.16"
 
 
 def missing_internal_error(path: str, cause: BaseException) -> ImportError:
@@ -155,7 +156,6 @@ try:
         DataDependentOutputException,
         DynamicOutputShapeException,
         FakeTensor,
-        FakeTensorDeviceMismatchError,
         FakeTensorMode,
     )
 
@@ -203,6 +203,38 @@ try:
 except ImportError as err:
     # A name missing from a module that exists: err.name is that module, the message names both.
     raise missing_internal_error(err.name or "a torch module", err) from err
+
+
+# Fake mode's error for an op over fake tensors on two devices (in a trace: forward AD's zero
+# tangents on the meta device beside a primal on the traced one, through layer_norm/batch_norm).
+# A class of its own, FakeTensorDeviceMismatchError, from 2.13; before (2.0-2.12) a RuntimeError
+# whose message starts as below.
+_device_mismatch_error: type[RuntimeError] | None
+try:
+    from torch._subclasses.fake_tensor import (
+        FakeTensorDeviceMismatchError as _device_mismatch_error,
+    )
+except ImportError:
+    _device_mismatch_error = None
+_DEVICE_MISMATCH_MESSAGE = "Unhandled FakeTensor Device Propagation for "
+
+
+def is_fake_device_mismatch(err: BaseException) -> bool:
+    """Whether ``err`` is fake mode's refusal of an op over tensors on two devices.
+
+    Example::
+
+        >>> with FakeTensorMode():
+        ...     cpu, meta = torch.empty(2), torch.empty(2, device="meta")
+        ...     try:
+        ...         cpu + meta
+        ...     except RuntimeError as err:
+        ...         is_fake_device_mismatch(err)
+        True
+    """
+    if _device_mismatch_error is not None:
+        return isinstance(err, _device_mismatch_error)
+    return isinstance(err, RuntimeError) and str(err).startswith(_DEVICE_MISMATCH_MESSAGE)
 
 
 def _aten_overload(name: str) -> OpOverload:
@@ -346,6 +378,69 @@ def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     ``var_to_val``)."""
     hints = getattr(shape_env, "backed_var_to_val", None)
     return dict(shape_env.var_to_val if hints is None else hints)
+
+
+#: The release as (major, minor): where an internal changed form, the form this one has.
+TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+@contextlib.contextmanager
+def traceable_jacobian_basis() -> Iterator[None]:
+    """Within, ``jacrev`` and ``jacfwd`` build their standard basis with Python offsets.
+
+    Both compute a Jacobian as vjps (jvps) of the rows of an identity matrix split by tensor,
+    made by ``torch._functorch.eager_transforms._chunked_standard_basis_for_``. Before 2.13
+    it places each tensor's block with ``int()`` of a tensor built from the tensors' numels:
+    a fake-mode trace has no value for that ``int`` (an unbacked symbol: "Could not extract
+    specialized integer from data-dependent expression u0") wherever the basis spans two
+    tensors or more (a function with two outputs under jacrev). 2.13 computes the offsets in
+    Python. On 2.11 and 2.12 this puts :func:`_standard_basis_chunks`, the same basis with
+    Python offsets, in its place while the caller traces (the module's global, which jacrev
+    and jacfwd look up on each call); on later releases it changes nothing.
+
+    Example::
+
+        >>> with traceable_jacobian_basis():
+        ...     jacobian = make_fx(torch.func.jacrev(lambda x: (x, 2 * x)), tracing_mode="fake")
+    """
+    if TORCH_RELEASE >= (2, 13):
+        yield
+        return
+    from torch._functorch import eager_transforms
+
+    replaced = eager_transforms._chunked_standard_basis_for_
+    eager_transforms._chunked_standard_basis_for_ = _standard_basis_chunks
+    try:
+        yield
+    finally:
+        eager_transforms._chunked_standard_basis_for_ = replaced
+
+
+def _standard_basis_chunks(
+    tensors: Sequence[torch.Tensor], tensor_numels: Sequence[int], chunk_size: int | None = None
+) -> Generator[tuple[torch.Tensor, ...], None, None]:
+    """The rows of the identity matrix over all elements of ``tensors``, ``chunk_size`` rows at
+    a time (all at once for None), each chunk split by tensor: ``tensor.new_zeros(rows,
+    numel)`` with ones where row ``r`` meets the tensor's column ``r - start`` (``start``: how
+    many elements the tensors before it hold), viewed as ``(rows, *tensor.shape)``.
+
+    Example::
+
+        >>> one, two = next(_standard_basis_chunks([torch.zeros(1), torch.zeros(2)], [1, 2]))
+        >>> one.tolist(), two.tolist()
+        ([[1.0], [0.0], [0.0]], [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    """
+    total = sum(tensor_numels)
+    rows_per_chunk = chunk_size if chunk_size and chunk_size < total else total
+    starts = [sum(tensor_numels[:i]) for i in range(len(tensor_numels))]
+    for first_row in range(0, total, rows_per_chunk) if total else [0]:
+        rows = min(rows_per_chunk, total - first_row)
+        chunk = []
+        for tensor, numel, start in zip(tensors, tensor_numels, starts, strict=True):
+            block = tensor.new_zeros(rows, numel)
+            block.diagonal(first_row - start).fill_(1)
+            chunk.append(block.view(rows, *tensor.shape))
+        yield tuple(chunk)
 
 
 def is_boxed_call(compiled: object) -> bool:
@@ -506,7 +601,7 @@ BOUND_NAMES = (
     "DataDependentOutputException",
     "DynamicOutputShapeException",
     "FakeTensor",
-    "FakeTensorDeviceMismatchError",
+    "is_fake_device_mismatch",
     "FakeTensorMode",
     "TorchDispatchMode",
     "disable_current_modes",
@@ -580,6 +675,8 @@ BOUND_NAMES = (
     "has_composite_implicit_kernel",
     "storage_identity",
     "is_boxed_call",
+    "TORCH_RELEASE",
+    "traceable_jacobian_basis",
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",

@@ -27,6 +27,7 @@ from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
 from fxviews.printouts import DEBUG_ENV
+from tests.device_checks import raise_if_test_device_failed
 from tests.differential import assert_every_layout_matches
 from tests.reference import (
     as_strided_nodes,
@@ -671,6 +672,7 @@ def eager_outcome(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except RuntimeError as err:
+        raise_if_test_device_failed(err, f"{fn}")
         return type(err), str(err).splitlines()[0]
 
 

@@ -30,6 +30,7 @@ from torch.fx import GraphModule
 
 from fxviews.arguments import check_flags
 from fxviews.graph_rewriting import rewrite_in_place
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
@@ -234,6 +235,7 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
         except RuntimeError as err:
             if strict or lowering.reached_engine or isinstance(err, FxViewsError):
                 raise
+            raise_if_device_failed(err, devices_of(list(example_inputs)), "PyTorch's AOT lowering")
             logger.warning(
                 "backend=%r runs this graph as eager PyTorch: PyTorch's AOT lowering failed "
                 "before fxviews saw it (%s: %s)",
