@@ -249,7 +249,8 @@ class LayoutDecisions(TorchFunctionMode):
             if func is torch.Tensor.storage_offset:
                 _note_offset_read(args[0])
             return out
-        last = next(reversed(tracer.graph.nodes))  # the decomposition's nodes come after it
+        # (iter: before torch 2.13, reversed(graph.nodes) is a reversed node list, not an iterator)
+        last = next(iter(reversed(tracer.graph.nodes)))  # the decomposition's nodes come after it
         out = func(*args, **kwargs)
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
