@@ -14,7 +14,9 @@ fake strides against real ones:
 1. **What is trusted.** A graph input's recorded layout is the caller's (Dynamo guards it; a
    make_fx or export example gives it). A graph whose every value was produced by real kernels
    (``transform``'s recording, ``graph_module.meta[REAL_LAYOUTS]``) is trusted whole and not
-   checked.
+   checked. A caller may say more of a node (``meta[LAYOUT_FACT]``): that its layout is a fact
+   like an input's (the compile backend's per-sample values under vmap, which it defines), that
+   it is another node's (a wrapper of that node's tensor), or that it cannot be vouched for.
 2. **Eager layouts, node by node.** For every node an as_strided-family node reads, through
    any op back to the graph inputs, the eager layout is computed in graph order: the node's
    eager kernel runs on fresh zero tensors with the *eager* layouts of its tensor arguments
@@ -89,6 +91,26 @@ REAL_LAYOUTS = "fxviews_real_layouts"
 #: ``node.meta`` key on an as_strided-family node whose traced input layout is not eager's (or
 #: could not be checked): why, in words.
 LAYOUT_DOUBT = "fxviews_layout_doubt"
+#: ``node.meta`` key a caller sets on a node whose recorded layout is not a kernel's result to
+#: check: a :class:`LayoutFact` (see Note, 1).
+LAYOUT_FACT = "fxviews_layout_fact"
+
+
+@dataclass(frozen=True)
+class LayoutFact:
+    """What the caller of the check knows of a node's recorded layout: it is a fact, as a graph
+    input's is (``trusted``); it is the layout of the node ``same_as``, which the node passes
+    through (a wrapper around the same tensor); or nobody can vouch for it (``unknown``, why).
+
+    Example::
+
+        >>> node.meta[LAYOUT_FACT] = LayoutFact(unknown="vmap's own layout of a batched value")
+    """
+
+    trusted: bool = False
+    same_as: torch.fx.Node | None = None
+    unknown: str | None = None
+
 
 #: Namespaces whose ops run on fresh tensors without effects beyond their outputs and their
 #: written arguments (collectives, custom ops and higher-order ops may not).
@@ -171,7 +193,7 @@ class LayoutTruth:
             node = todo.pop()
             if node not in needed:
                 needed.add(node)
-                todo.extend(_inputs_of(node))
+                todo.extend(_inputs_read(node))
         if not needed:
             return
         graph = next(iter(sources)).graph
@@ -179,12 +201,19 @@ class LayoutTruth:
             for node in graph.nodes:
                 if node in needed:
                     self._eager[node] = self._eager_layouts(node)
-                    if node.op not in _TRUSTED:
+                    if node.op not in _TRUSTED and not _is_fact(node):
                         self._note_origin(node)
 
     def _eager_layouts(self, node: torch.fx.Node) -> Any:
         if node.op in _TRUSTED:
             return _traced_layouts(node)  # the caller's (see Note, 1)
+        fact = node.meta.get(LAYOUT_FACT)
+        if fact is not None:  # see Note, 1
+            if fact.trusted:
+                return _traced_layouts(node)
+            if fact.same_as is not None:
+                return self._eager[fact.same_as]
+            return _Unchecked(f"{node.name!r}: {fact.unknown}")
         if node.target is operator.getitem and node.op == "call_function":
             parent, index = node.args
             value = self._eager[parent] if isinstance(parent, torch.fx.Node) else None
@@ -238,7 +267,7 @@ class LayoutTruth:
         eager, traced = self._eager[node], _traced_layouts(node)
         if isinstance(eager, _Unchecked) or _same_layouts(eager, traced):
             return
-        upstream = [a for a in _inputs_of(node) if a in self._origin]
+        upstream = [a for a in _inputs_read(node) if a in self._origin]
         self._origin[node] = self._origin[upstream[0]] if upstream else node
 
     def _doubt(self, node: torch.fx.Node, source: torch.fx.Node | None) -> str | None:
@@ -278,6 +307,20 @@ def _source(node: torch.fx.Node) -> torch.fx.Node | None:
     (a scatter's ``src`` is read by its logical values: its layout means nothing to it)."""
     source = bind_as_strided(node)["self"]
     return source if isinstance(source, torch.fx.Node) else None
+
+
+def _is_fact(node: torch.fx.Node) -> bool:
+    """Whether the caller vouches for ``node``'s layout or says none can (no kernel to check)."""
+    fact = node.meta.get(LAYOUT_FACT)
+    return fact is not None and fact.same_as is None
+
+
+def _inputs_read(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose eager layouts ``node``'s is computed from (none for a stated fact)."""
+    if _is_fact(node):
+        return []
+    fact = node.meta.get(LAYOUT_FACT)
+    return [fact.same_as] if fact is not None else _inputs_of(node)
 
 
 def _inputs_of(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -32,9 +32,16 @@ valid where its guards hold: Dynamo checks them before each call, and export's
    asserts at run time (see ``bounded_reads``): ``e >= 0`` is proven from it where ``e - a``
    is bounded below by 0 as above. Only proofs made for that graph's rewrite use it.
 
-Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
-asks a SymInt for a bool (which would install a guard decided on the hint); expressions are
-sympy, whose relations refuse to become bools.
+4. Where the graph's consumer checks the ShapeEnv's guards before each call (the compile
+   backend: Dynamo builds its guards after the backend returns), an inequality that holds at
+   the hints may be made a fact by recording it as a guard (inside
+   :func:`guarding_unproven_bounds`): the graph is then used only for sizes where it holds,
+   and Dynamo compiles again for the others. ``3 <= s`` for an ``unfold`` of 3 over a dim of
+   ``s`` is the usual one. Equalities are never guarded (that would specialize a size).
+
+Anything else counts as unproven, and unproven means the as_strided is kept. Outside
+:func:`guarding_unproven_bounds` nothing here asks a SymInt for a bool (which would install a
+guard decided on the hint); expressions are sympy, whose relations refuse to become bools.
 
 Example::
 
@@ -47,8 +54,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +170,28 @@ class SizeOfInputs:
 
 #: What a view op's argument may be besides an int: a size a graph input gives.
 SIZE_ARGUMENTS = (torch.fx.Node, SizeFromInput, SizeOfInputs)
+
+
+#: Whether proofs may record an inequality that holds at the hints as a guard (Note, 4).
+_GUARDING: contextvars.ContextVar[bool] = contextvars.ContextVar("fxviews_guarding", default=False)
+
+
+@contextlib.contextmanager
+def guarding_unproven_bounds() -> Iterator[None]:
+    """A context in which :meth:`ShapeFacts.proves` makes an inequality that holds at the
+    hints true by guarding on it (see the Note, 4): for graphs whose guards are checked.
+
+    Example::
+
+        >>> with guarding_unproven_bounds():
+        ...     facts.proves(sympy.Le(3, s0))    # hint 8: True, and the ShapeEnv guards 3 <= s0
+        True
+    """
+    token = _GUARDING.set(True)
+    try:
+        yield
+    finally:
+        _GUARDING.reset(token)
 
 
 class Unproven(Exception):
@@ -294,8 +324,14 @@ class ShapeFacts:
             )
         if isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
             low, strict = _lower_side(relation)
-            return self._bounded_below(low, strict)
+            return self._bounded_below(low, strict) or self._guarded(relation, symbool)
         return False
+
+    def _guarded(self, relation: Any, symbool: Any) -> bool:
+        """Whether ``relation`` holds at the hints and is now guarded (see the Note, 4)."""
+        if not _GUARDING.get() or relation.xreplace(self.hints) is not sympy.true:
+            return False
+        return bool(symbool)  # a SymBool's bool() records the guard in the ShapeEnv
 
     def _bounded_below(self, expr: Expr, strict: bool) -> bool:
         """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, alone, with one of

@@ -359,6 +359,27 @@ def aot_alias_regeneration_modules() -> tuple[Any, ...]:
     return functional_utils, runtime_wrappers
 
 
+def dynamo_functorch_calls() -> dict[str, Any]:
+    """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
+    role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
+    ``remove_batch_dim``: ``torch._functorch.predispatch``, 2.5), values passed into or out of a
+    grad or jvp level (``wrap_for_grad``, ``unwrap_for_grad``, ``set_tensor_requires_grad``,
+    ``make_dual``), a dual's parts (``unpack_dual``) and the gradient step (``autograd_grad``,
+    ``torch._functorch.eager_transforms``). As of 2.13."""
+    from torch._functorch import eager_transforms, predispatch
+
+    return {
+        "add_batch_dim": predispatch._add_batch_dim,
+        "remove_batch_dim": predispatch._remove_batch_dim,
+        "wrap_for_grad": torch._C._functorch._wrap_for_grad,
+        "unwrap_for_grad": predispatch._unwrap_for_grad,
+        "set_tensor_requires_grad": eager_transforms._set_tensor_requires_grad,
+        "make_dual": predispatch._make_dual,
+        "unpack_dual": predispatch._unpack_dual,
+        "autograd_grad": eager_transforms._autograd_grad,
+    }
+
+
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
 _ON_USE: dict[str, tuple[str, str]] = {
     # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
@@ -394,6 +415,8 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "ValueRanges": ("torch.utils._sympy.value_ranges", "ValueRanges"),
     # Floor division of sizes as the ShapeEnv writes it (``(s - 3)//2``; FloorDiv, 2.1).
     "FloorDiv": ("torch.utils._sympy.functions", "FloorDiv"),
+    # The fake mode of a Dynamo graph's example values (detect_fake_mode, 2.0).
+    "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
@@ -494,6 +517,7 @@ BOUND_NAMES = (
     "dtensor_spec",
     "current_autograd_node",
     "calling_code",
+    "dynamo_functorch_calls",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fxviews
+from fxviews.consumers import compile_backend
 from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
@@ -241,18 +242,25 @@ def compile_and_check(fn, inputs, training, dynamic):
     return recorder.as_strided_counts()
 
 
+#: Graphs compiled once more: AOTAutograd traces the view ops the Dynamo stage wrote for the
+#: user's as_strided, and for windows every 2 columns its output's contiguity guards on the
+#: row length's parity, so the first odd length compiles again (right at every size).
+EXTRA_COMPILES = {"windows_step_two": 1}
+
+
 @pytest.mark.parametrize("name", COMPILED)
 def test_automatic_dynamic_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
     counts = compile_and_run(fn, make, training, dynamic=None)
     # A static graph for the first size, then one symbolic graph for every later size.
-    assert counts == [0, 0]
+    assert counts == [0] * (2 + EXTRA_COMPILES.get(name, 0))
 
 
 @pytest.mark.parametrize("name", COMPILED)
 def test_dynamic_true_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
-    assert compile_and_run(fn, make, training, dynamic=True) == [0]
+    counts = compile_and_run(fn, make, training, dynamic=True)
+    assert counts == [0] * (1 + EXTRA_COMPILES.get(name, 0))
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -367,8 +375,11 @@ SIZED_BY_INPUTS = {
 
 
 @pytest.mark.parametrize("name", SIZED_BY_INPUTS)
-def test_graph_inputs_holding_sizes_are_vmappable(name):
+def test_graph_inputs_holding_sizes_are_vmappable(name, monkeypatch):
     # vmap runs the rewritten graph at every batch position, against the graph per sample.
+    # The aten-graph stage alone, as for the as_strided AOTAutograd makes itself: with the
+    # Dynamo stage on, the user's as_strided never reaches AOTAutograd (tests/test_backend_vmap).
+    monkeypatch.setattr(compile_backend, "rewrite_dynamo_graph", lambda gm, strict: None)
     graphs = []
 
     def capture(gm, example_inputs):

@@ -29,8 +29,13 @@ from typing import Any
 from torch.fx import GraphModule
 
 from fxviews.arguments import check_flags
+from fxviews.consumers.dynamo_stage import (
+    rewrite_dynamo_graph,
+    unfold_backward_traced_per_sample,
+)
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.errors import FxViewsError
+from fxviews.passes.symbolic_geometry import guarding_unproven_bounds
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
 from fxviews.torch_state import preserved_torch_state
@@ -229,8 +234,15 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
         lowering = _Lowering()
         token = _CURRENT_LOWERING.set(lowering)
         try:
-            with tracing_lock, preserved_torch_state():
-                return compile_fn(gm, example_inputs)
+            # Dynamo checks the ShapeEnv's guards before each call, so proofs over symbolic
+            # sizes may guard on a bound that holds for these sizes (Note [Proofs over
+            # symbolic shapes], 4): other sizes compile again.
+            with tracing_lock, preserved_torch_state(), guarding_unproven_bounds():
+                first = rewrite_dynamo_graph(gm, strict)
+                if first is not None:
+                    report_rewrite(first, source=f"backend, {_graph_name('Dynamo')}")
+                with unfold_backward_traced_per_sample():
+                    return compile_fn(gm, example_inputs)
         except RuntimeError as err:
             if strict or lowering.reached_engine or isinstance(err, FxViewsError):
                 raise
