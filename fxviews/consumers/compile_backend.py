@@ -33,6 +33,8 @@ from fxviews.consumers.dynamo_stage import (
     rewrite_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
+from fxviews.consumers.write_hazards import write_hazard
+from fxviews.consumers.written_windows import rewrite_written_windows
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.symbolic_geometry import guarding_unproven_bounds
@@ -241,6 +243,16 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
                 first = rewrite_dynamo_graph(gm, strict)
                 if first is not None:
                     report_rewrite(first, source=f"backend, {_graph_name('Dynamo')}")
+                for window in rewrite_written_windows(gm):
+                    logger.debug(
+                        "backend, %s: unfold %r, written in place, is now views whose writes "
+                        "functionalization inverts exactly",
+                        _graph_name("Dynamo"),
+                        window,
+                    )
+                hazard = write_hazard(gm)
+                if hazard is not None:
+                    return _run_dynamo_graph(gm, name, strict, hazard)
                 with unfold_backward_traced_per_sample():
                     return compile_fn(gm, example_inputs)
         except RuntimeError as err:
@@ -260,6 +272,17 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
     # torch.compile names the backend after __name__ in its logs and errors.
     serialized.__name__ = name
     return serialized
+
+
+def _run_dynamo_graph(gm: GraphModule, name: str, strict: bool, hazard: str) -> CompiledFn:
+    """Dynamo's graph run as Python, for a graph AOTAutograd would give other numbers than
+    eager (Note [In-place writes AOTAutograd gets wrong]); ``strict=True`` raises instead."""
+    if strict:
+        raise FxViewsError(f"backend={name!r} cannot lower this graph to eager's numbers: {hazard}")
+    logger.warning(
+        "backend=%r runs this graph as eager PyTorch (Dynamo's graph as Python): %s", name, hazard
+    )
+    return gm.forward
 
 
 def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
