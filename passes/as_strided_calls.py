@@ -12,8 +12,10 @@ from typing import Any
 
 import torch.fx
 
+from .errors import RequestedGeometry
 from .graph_edits import arguments_by_name
 from .op_tables import AS_STRIDED_OPS, TORCH_LEVEL_AS_STRIDED
+from .provenance import node_geometry
 from .torch_internals import OpOverload, disable_current_modes, op_schema
 
 
@@ -41,6 +43,25 @@ def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     if "input" in bound:
         bound["self"] = bound.pop("input")
     return bound
+
+
+def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
+    """The ``(sizes, strides, offset)`` an as_strided-family node asks for, as written.
+
+    An omitted offset is the input's trace-time offset (None if that is unknown). Values are
+    SymInts when the graph has symbolic shapes.
+
+    Example::
+
+        >>> requested_geometry(node)   # as_strided(clone_1, [6], [1], 0)
+        ((6,), (1,), 0)
+    """
+    kwargs = bind_as_strided(node)
+    offset = kwargs["storage_offset"]
+    if offset is None:
+        source_geometry = node_geometry(kwargs["self"])
+        offset = None if source_geometry is None else source_geometry.offset
+    return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
 
 
 def feeds_as_strided(node: torch.fx.Node) -> bool:

@@ -63,6 +63,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import threading
 import warnings
@@ -76,7 +77,9 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
+from .aliasing import AliasAnalysis
 from .as_strided_calls import as_strided_op, bind_as_strided
+from .chain import ViewChain
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
 from .op_tables import is_view_op
@@ -182,6 +185,11 @@ class LayoutTruth:
                 node.meta[LAYOUT_DOUBT] = reason
                 found[node] = reason
         return found
+
+    def eager_layout(self, node: torch.fx.Node) -> Geometry | None:
+        """The layout eager PyTorch gives ``node``'s tensor, where :meth:`doubts` computed it."""
+        value = self._eager.get(node)
+        return value if isinstance(value, Geometry) else None
 
     def _compute(self, sources: dict[torch.fx.Node, torch.fx.Node | None]) -> None:
         """Eager layouts of every node the as_strided nodes (with their ``sources``) read, in
@@ -296,6 +304,29 @@ class LayoutTruth:
             f"{op_name(origin.target)} ({origin.name!r}) is traced as {_describe(traced)}, "
             f"its eager kernel gives {_describe(eager)}"
         )
+
+
+def chain_for_any_layout(chain: ViewChain, node: torch.fx.Node) -> tuple[ViewChain | None, str]:
+    """A chain proven against the eager layout of ``node``'s input, for a compiler that may lay
+    that input out otherwise: each ``view`` (the one step that needs a layout) a ``reshape``,
+    where a copy cannot be told from the view; None and why where it can.
+
+    Example::
+
+        >>> chain = (ViewStep(aten.t.default, ()), ViewStep(aten.view.default, ([5, 6],)))
+        >>> chain_for_any_layout(chain, node)[0][1].op
+        aten.reshape.default
+    """
+    if all(step.op is not aten.view.default for step in chain):
+        return chain, ""
+    observed = AliasAnalysis(node.graph).why_observed(node)
+    if observed is not None:
+        return None, f"its view must stay one, and needs eager's layout ({observed})"
+    reshaped = (
+        dataclasses.replace(step, op=aten.reshape.default) if step.op is aten.view.default else step
+        for step in chain
+    )
+    return tuple(reshaped), ""
 
 
 class _NotRunnable(Exception):

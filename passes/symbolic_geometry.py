@@ -37,7 +37,9 @@ valid where its guards hold: Dynamo checks them before each call, and export's
    the hints may be made a fact by recording it as a guard (inside
    :func:`guarding_unproven_bounds`): the graph is then used only for sizes where it holds,
    and Dynamo compiles again for the others. ``3 <= s`` for an ``unfold`` of 3 over a dim of
-   ``s`` is the usual one. Equalities are never guarded (that would specialize a size).
+   ``s`` is the usual one. Equalities are guarded only on request
+   (:meth:`ShapeFacts.pinned_at_hints`: a node whose input's layout is known at the hints
+   alone), since they specialize a size.
 
 Anything else counts as unproven, and unproven means the as_strided is kept. Outside
 :func:`guarding_unproven_bounds` nothing here asks a SymInt for a bool (which would install a
@@ -326,6 +328,18 @@ class ShapeFacts:
             low, strict = _lower_side(relation)
             return self._bounded_below(low, strict) or self._guarded(relation, symbool)
         return False
+
+    def pinned_at_hints(self, symbols: Iterable[sympy.Symbol]) -> bool:
+        """Inside :func:`guarding_unproven_bounds`, guard each of ``symbols`` to its hint (the
+        graph is then used at these sizes only, and Dynamo compiles again for others): whether
+        it did. For a node no chain is proven for at every size, where its sizes must be known.
+        """
+        symbols = sorted(symbols, key=str)
+        if not _GUARDING.get() or any(s not in self.hints for s in symbols):
+            return False
+        for symbol in symbols:
+            bool(self.shape_env.create_symboolnode(sympy.Eq(symbol, self.hints[symbol])))
+        return True
 
     def _guarded(self, relation: Any, symbool: Any) -> bool:
         """Whether ``relation`` holds at the hints and is now guarded (see the Note, 4)."""

@@ -33,6 +33,7 @@ from fxviews.consumers.dynamo_stage import (
     rewrite_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
+from fxviews.consumers.storage_bounds import storage_needs, with_storage_checks
 from fxviews.consumers.write_hazards import write_hazard
 from fxviews.consumers.written_windows import rewrite_written_windows
 from fxviews.graph_rewriting import rewrite_in_place
@@ -250,11 +251,12 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
                         _graph_name("Dynamo"),
                         window,
                     )
-                hazard = write_hazard(gm)
+                needs, past_storage = storage_needs(gm)
+                hazard = write_hazard(gm) or past_storage
                 if hazard is not None:
                     return _run_dynamo_graph(gm, name, strict, hazard)
                 with unfold_backward_traced_per_sample():
-                    return compile_fn(gm, example_inputs)
+                    return with_storage_checks(compile_fn(gm, example_inputs), needs)
         except RuntimeError as err:
             if strict or lowering.reached_engine or isinstance(err, FxViewsError):
                 raise
@@ -292,7 +294,7 @@ def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
         lowering.reached_engine = True
     # No run-time guards: the graph goes on to the inner compiler, and Dynamo traces vmap
     # itself, so it never runs on batched tensors.
-    result = rewrite_in_place(gm, strict=strict, guard_kept=False)
+    result = rewrite_in_place(gm, strict=strict, guard_kept=False, against_eager_layouts=True)
     report_rewrite(result, source=f"backend, {_graph_name(kind)}")
 
 

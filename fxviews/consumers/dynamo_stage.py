@@ -77,7 +77,12 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
     values = assign_values(gm)
     try:
         result = rewrite_in_place(
-            gm, strict=strict, reshape_views=False, pin_layouts=False, guard_kept=False
+            gm,
+            strict=strict,
+            reshape_views=False,
+            pin_layouts=False,
+            guard_kept=False,
+            against_eager_layouts=True,
         )
         kept = _kept_under_vmap(gm, values)
         refit = [k for k in kept if k.fits_vmap_layout]
@@ -85,7 +90,8 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
             for k in refit:
                 k.source.meta["val"] = k.physical
                 k.source.meta[LAYOUT_FACT] = LayoutFact(trusted=True)
-            again = {r.node: r for r in AsStridedToViews(recompile=False)(gm).records}
+            rerun = AsStridedToViews(recompile=False, against_eager_layouts=True)(gm)
+            again = {r.node: r for r in rerun.records}
             names = {k.node.name for k in refit}
             result.records = [again[r.node] if r.node in names else r for r in result.records]
             result.modified = result.modified or any(again[n].method != "kept" for n in names)
