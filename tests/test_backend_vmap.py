@@ -16,8 +16,8 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from fxviews.bench.research_programs import PROGRAMS, squared_sum, windows
 from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
-from tests.research_programs import PROGRAMS, squared_sum, windows
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.consumers import compile_backend
+from fxviews.consumers import dynamo_stage
 from fxviews.examples import push_jvp
 from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
@@ -379,7 +379,7 @@ def test_graph_inputs_holding_sizes_are_vmappable(name, monkeypatch):
     # vmap runs the rewritten graph at every batch position, against the graph per sample.
     # The aten-graph stage alone, as for the as_strided AOTAutograd makes itself: with the
     # Dynamo stage on, the user's as_strided never reaches AOTAutograd (tests/test_backend_vmap).
-    monkeypatch.setattr(compile_backend, "rewrite_dynamo_graph", lambda gm, strict: None)
+    monkeypatch.setattr(dynamo_stage, "rewrite_dynamo_graph", lambda gm, strict: None)
     graphs = []
 
     def capture(gm, example_inputs):

@@ -59,6 +59,9 @@ import sympy
 import torch.fx
 
 from fxviews.consumers.dynamo_values import DynamoValues, assign_values, clear_values
+from fxviews.consumers.storage_bounds import StorageNeed, storage_needs
+from fxviews.consumers.write_hazards import write_hazard
+from fxviews.consumers.written_windows import rewrite_written_windows
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.passes import AsStridedToViews
 from fxviews.passes.as_strided_calls import as_strided_op, bind_as_strided
@@ -67,6 +70,42 @@ from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry import Geometry, find_exposed_address
 from fxviews.passes.layout_truth import LAYOUT_FACT, LayoutFact
 from fxviews.passes.source_lines import describe_node
+from fxviews.printouts import logger, report_rewrite
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedGraph:
+    """Dynamo's graph after the first stage: why it must run as eager PyTorch (None: it goes
+    on to AOTAutograd), and the storage each kept as_strided needs of a graph input."""
+
+    runs_eagerly: str | None
+    storage_needs: list[StorageNeed]
+
+
+def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> PreparedGraph:
+    """Everything the backend does to Dynamo's graph ``gm`` (called ``name`` in messages), in
+    place, before AOTAutograd: the as_strided rewrite (see the Note), windows written in place
+    made of views (Note [Windows written in place]), and what AOTAutograd or a compiled
+    as_strided would get wrong (Notes [In-place writes AOTAutograd gets wrong] and [Reads past
+    the storage]).
+
+    Example::
+
+        >>> prepare_dynamo_graph(gm, strict=False, name="Dynamo graph of compile 0/0")
+        PreparedGraph(runs_eagerly=None, storage_needs=[])
+    """
+    result = rewrite_dynamo_graph(gm, strict)
+    if result is not None:
+        report_rewrite(result, source=f"backend, {name}")
+    for window in rewrite_written_windows(gm):
+        logger.debug(
+            "backend, %s: unfold %r, written in place, is now views whose writes "
+            "functionalization inverts exactly",
+            name,
+            window,
+        )
+    needs, past_storage = storage_needs(gm)
+    return PreparedGraph(write_hazard(gm) or past_storage, needs)
 
 
 def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResult | None:
@@ -76,6 +115,8 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
         return None
     values = assign_values(gm)
     try:
+        if not _all_inputs_valued(gm):
+            return None  # a value Dynamo did not record: the aten graphs' stage has them all
         result = rewrite_in_place(
             gm,
             strict=strict,
@@ -104,6 +145,16 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
     finally:
         clear_values(gm, values)
     return result
+
+
+def _all_inputs_valued(gm: torch.fx.GraphModule) -> bool:
+    """Whether every as_strided-family node's input has a tensor value to be proven against."""
+    for node in gm.graph.nodes:
+        if as_strided_op(node) is not None:
+            source = bind_as_strided(node)["self"]
+            if not isinstance(getattr(source, "meta", {}).get("val"), torch.Tensor):
+                return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,9 +263,9 @@ def unfold_backward_traced_per_sample() -> Iterator[None]:
 
     The windows the first stage writes under ``vmap(grad(f))`` are ``unfold``; its backward
     under vmap takes functorch's per-sample fallback, which the trace records as one
-    ``unfold_backward`` per sample: a compile-time cost (measured: Inductor fuses them, and the
-    compiled ``vmap(grad)`` of 64 windowed signals runs faster than Inductor's own graph). The
-    warning names a run-time cost the compiled graph does not have, so it is not shown.
+    ``unfold_backward`` per sample. Inductor fuses them (row 11 of the bench); the default
+    inner compiler runs them one by one (docs/compile.md, Limits, says so). The warning, about
+    eager ``vmap``'s loop, is not what the compiled graph does, so it is not shown.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_UNFOLD_BACKWARD_FALLBACK)

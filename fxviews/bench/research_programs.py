@@ -1,4 +1,5 @@
-"""Research programs that write their own as_strided, for the compile backend's vmap tests.
+"""Research programs that write their own as_strided: the compile backend's vmap tests, and
+row 11 of the bench.
 
 Each takes one sample (no batch dim) and reads it with strides written for a contiguous sample,
 as such code is written: im2col convolution, log-mel framing, Hankel and Takens delay
@@ -56,7 +57,7 @@ def windows(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided((x.numel() - 2, 3), (1, 1))
 
 
-#: name -> (program, the shape of one sample).
+#: name -> (program, the shape of one sample in the tests).
 PROGRAMS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
     "im2col": (im2col_conv, (2, 6, 7)),
     "log_mel": (log_mel, (40,)),
@@ -71,3 +72,27 @@ def squared_sum(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A scalar loss of ``fn``'s output, for ``grad``."""
     return lambda x: (fn(x) ** 2).sum()
+
+
+#: The shape of one sample in the bench (row 11): long enough to time.
+BENCH_SHAPES: dict[str, tuple[int, ...]] = {
+    "im2col": (2, 32, 32),
+    "log_mel": (4096,),
+    "hankel": (1024,),
+    "takens": (1024,),
+    "windows": (1024,),
+}
+#: How row 11 applies ``vmap`` to a program: to it, or to its loss's gradient.
+KINDS = ("vmap", "vmap(grad)")
+
+
+def per_sample(name: str, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Program ``name`` as ``kind`` applies vmap to it: itself, or its loss's gradient.
+
+    Example::
+
+        >>> per_sample("hankel", "vmap(grad)")(torch.randn(10)).shape
+        torch.Size([10])
+    """
+    fn = PROGRAMS[name][0]
+    return torch.func.grad(squared_sum(fn)) if kind == "vmap(grad)" else fn
