@@ -13,6 +13,7 @@ from typing import Any
 import torch.fx
 
 from .errors import RequestedGeometry
+from .geometry import Geometry
 from .graph_edits import arguments_by_name
 from .op_tables import AS_STRIDED_OPS, TORCH_LEVEL_AS_STRIDED
 from .provenance import node_geometry
@@ -62,6 +63,23 @@ def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
         source_geometry = node_geometry(kwargs["self"])
         offset = None if source_geometry is None else source_geometry.offset
     return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
+
+
+def static_request(node: torch.fx.Node, default_offset: int | torch.SymInt) -> Geometry | None:
+    """The geometry an as_strided-family node asks for where it is static (an omitted offset
+    being ``default_offset``: its input's), else None.
+
+    Example::
+
+        >>> static_request(node, 0)   # x.as_strided((3,), (2,))
+        Geometry(sizes=(3,), strides=(2,), offset=0)
+    """
+    sizes, strides, offset = requested_geometry(node)
+    values = (*sizes, *strides, default_offset if offset is None else offset)
+    if not all(type(v) is int for v in values):
+        return None
+    ints = [int(v) for v in values]  # type: ignore[call-overload]
+    return Geometry(tuple(ints[: len(sizes)]), tuple(ints[len(sizes) : -1]), ints[-1])
 
 
 def feeds_as_strided(node: torch.fx.Node) -> bool:

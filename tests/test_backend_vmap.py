@@ -175,3 +175,29 @@ def test_the_printout_names_the_dynamo_stage(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "backend, Dynamo graph of compile" in err
     assert "unfold(_add_batch_dim, 0, 3, 1)" in err
+
+
+@pytest.mark.parametrize("batch_dim", [0, 1])
+def test_windows_under_vmap_grad_keep_a_batched_backward(batch_dim):
+    """unfold's backward has no batching rule: AOTAutograd would trace it once per sample. The
+    windows stay an as_strided over the input pinned per sample, whose backward vmap batches."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    samples = _samples((8,), count=4)
+    per_sample = grad(squared_sum(windows))
+    expected = torch.stack([per_sample(s) for s in samples])
+    compiled = torch.compile(
+        vmap(per_sample, in_dims=batch_dim), backend=fxviews.backend(inner=record)
+    )
+    torch.testing.assert_close(compiled(torch.stack(samples, dim=batch_dim)), expected)
+    unrolled = [
+        n
+        for gm in graphs
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten.unfold_backward.default
+    ]
+    assert not unrolled, graphs[0].code

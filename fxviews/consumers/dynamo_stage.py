@@ -58,13 +58,14 @@ from typing import Any
 import sympy
 import torch.fx
 
+from fxviews.consumers.batched_backwards import pin_candidates, pin_windows
 from fxviews.consumers.dynamo_values import DynamoValues, assign_values, clear_values
 from fxviews.consumers.storage_bounds import StorageNeed, storage_needs
 from fxviews.consumers.write_hazards import write_hazard
 from fxviews.consumers.written_windows import rewrite_written_windows
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.passes import AsStridedToViews
-from fxviews.passes.as_strided_calls import as_strided_op, bind_as_strided
+from fxviews.passes.as_strided_calls import as_strided_op, bind_as_strided, static_request
 from fxviews.passes.as_strided_to_views import engine_made_nodes
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry import Geometry, find_exposed_address
@@ -117,6 +118,7 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
     try:
         if not _all_inputs_valued(gm):
             return None  # a value Dynamo did not record: the aten graphs' stage has them all
+        pinnable = pin_candidates(gm, values)
         result = rewrite_in_place(
             gm,
             strict=strict,
@@ -137,6 +139,7 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
             result.records = [again[r.node] if r.node in names else r for r in result.records]
             result.modified = result.modified or any(again[n].method != "kept" for n in names)
             gm.recompile()
+        result.records = pin_windows(gm, pinnable, result.records)
         still_kept = {r.node: r.reason for r in result.records if r.method == "kept"}
         for k in kept:
             if k.node.name in still_kept and not k.read_alike:
@@ -188,7 +191,7 @@ class _KeptUnderVmap:
         if self.read_alike or not _is_vmap_input(self.source):
             return False
         geometry = Geometry.of(self.physical)
-        target = _requested(self.node, self.physical)
+        target = static_request(self.node, self.physical.storage_offset())
         static = all(type(v) is int for v in (*geometry.sizes, *geometry.strides))
         return static and target is not None and find_exposed_address(geometry, target) is None
 
@@ -230,17 +233,6 @@ def _is_vmap_input(node: torch.fx.Node) -> bool:
 def _expr(value: Any) -> Any:
     """A size, stride or offset as a sympy expression (a SymInt's own, without a guard)."""
     return value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(value)
-
-
-def _requested(node: torch.fx.Node, source: torch.Tensor) -> Geometry | None:
-    """The geometry ``node`` asks for, where it is static."""
-    bound = bind_as_strided(node)
-    offset = bound["storage_offset"]
-    sizes, strides = list(bound["size"]), list(bound["stride"])
-    offset = source.storage_offset() if offset is None else offset
-    if not all(type(v) is int for v in (*sizes, *strides, offset)):
-        return None
-    return Geometry(tuple(sizes), tuple(strides), int(offset))
 
 
 def _give_example_values(gm: torch.fx.GraphModule, values: DynamoValues) -> None:

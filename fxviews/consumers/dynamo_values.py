@@ -217,6 +217,20 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
 
 
+def grad_over_vmap(value: Any) -> bool:
+    """Whether ``value`` is a tensor a grad level wraps above a vmap level: its backward runs
+    under vmap (``vmap(grad(f))``).
+
+    Example::
+
+        >>> grad_over_vmap(diff_args.meta["example_value"])   # vmap(grad(f))'s input to f
+        True
+    """
+    if not isinstance(value, torch.Tensor) or not is_functorch_wrapped_tensor(value):
+        return False
+    return not is_batchedtensor(value) and _holds_batched(get_unwrapped(value))
+
+
 def _holds_batched(value: Any) -> bool:
     """Whether ``value`` holds a tensor batched by a vmap level (under any wrappers)."""
     for leaf in pytree.tree_leaves(value):

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxviews.passes.as_strided_calls import as_strided_op, requested_geometry
+from fxviews.passes.as_strided_calls import as_strided_op, static_request
 from fxviews.passes.geometry import Geometry
 from fxviews.passes.source_lines import describe_node
 from fxviews.passes.torch_internals import FakeTensor, storage_identity
@@ -79,7 +79,7 @@ def storage_needs(gm: torch.fx.GraphModule) -> tuple[list[StorageNeed], str | No
         value = source.meta.get("example_value")
         if type(value) is not FakeTensor or not _strided(value):
             continue  # under a torch.func transform, or not strided: left as it is
-        request = _static_request(node, value)
+        request = static_request(node, value.storage_offset())  # omitted: the input's
         if request is None:
             continue
         storage = storage_identity(value)
@@ -96,17 +96,6 @@ def storage_needs(gm: torch.fx.GraphModule) -> tuple[list[StorageNeed], str | No
                 "(pytorch #195665)"
             )
     return needs, None
-
-
-def _static_request(node: torch.fx.Node, source: torch.Tensor) -> Geometry | None:
-    """What an as_strided-family node asks for, where its sizes are static."""
-    sizes, strides, offset = requested_geometry(node)
-    offset = source.storage_offset() if offset is None else offset  # omitted: the input's
-    values = (*sizes, *strides, offset)
-    if not all(type(v) is int for v in values):
-        return None
-    ints = [int(v) for v in values]  # type: ignore[call-overload]
-    return Geometry(tuple(ints[: len(sizes)]), tuple(ints[len(sizes) : -1]), ints[-1])
 
 
 def with_storage_checks(
