@@ -161,3 +161,20 @@ def test_gapped_as_strided_windows_written_in_place_are_compiled(caplog):
     got = torch.compile(scale_windows, backend="fxviews")(a)
     torch.testing.assert_close(got, scale_windows(a))
     assert not caplog.records
+
+
+def test_aliased_inputs_written_compile_where_no_view_of_them_is_returned(caplog):
+    """Two views of one flat buffer updated in place (parameters of one flat buffer under an
+    optimizer step): AOTAutograd's synthetic base is right there, so the graph compiles."""
+
+    def step(a, b):
+        a.mul_(2)
+        b.add_(1)
+        return a.sum() + b.sum()
+
+    caplog.set_level(logging.WARNING, logger="fxviews")
+    flat, expected_flat = torch.arange(12.0), torch.arange(12.0)
+    expected = step(expected_flat[:6], expected_flat[4:])
+    got = torch.compile(step, backend="fxviews")(flat[:6], flat[4:])
+    torch.testing.assert_close((got, flat), (expected, expected_flat))
+    assert not caplog.records

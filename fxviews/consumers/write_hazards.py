@@ -16,8 +16,10 @@ Public reports, all silently wrong with ``aot_eager`` and Inductor on torch 2.13
   zeroes every element no window covers (and sums overlapping ones);
 - a write through an ``as_strided`` the first stage keeps (pytorch #104505): the inverse is an
   ``as_strided_scatter`` relative to the view's base, not its storage;
-- a graph input aliasing another, with either written (pytorch #198095): AOTAutograd merges
-  them into a "synthetic base" and replays view metadata recorded on one on the other;
+- graph inputs aliasing each other, one written and a view of them returned (pytorch
+  #198095): AOTAutograd merges them into a "synthetic base" and regenerates the returned view
+  from the wrong one (aliased inputs written in place with nothing of theirs returned, such as
+  parameters sharing one flat buffer under an optimizer step, compile);
 - an ``as_strided`` the first stage keeps that reads memory written earlier (pytorch #133512:
   ``x.add_(1)`` then ``as_strided_copy(x, (3,), (2,))`` on ``x = arange(10)[::2]``):
   functionalization's updated tensor has its own strides, not ``x``'s.
@@ -91,13 +93,15 @@ def write_hazard(gm: torch.fx.GraphModule) -> str | None:
         if target_storage is not None:
             written.setdefault(target_storage, node)
     aliased = _aliased_inputs(gm.graph, storage)
+    returned = {storage.get(n) for n in gm.graph.output_node().all_input_nodes}
     for node in gm.graph.nodes:
         sid = storage.get(node)
-        if node.op == "placeholder" and sid in aliased and sid in written:
+        if node.op == "placeholder" and sid in aliased and sid in written and sid in returned:
             return (
-                f"graph inputs {aliased[sid]} share memory and {describe_node(written[sid])} "
-                "writes it in place: AOTAutograd merges them into a synthetic base and replays "
-                "one input's views on the other (pytorch #198095)"
+                f"graph inputs {aliased[sid]} share memory, {describe_node(written[sid])} "
+                "writes it in place and the graph returns a view of it: AOTAutograd merges "
+                "them into a synthetic base and regenerates that view from the other input "
+                "(pytorch #198095)"
             )
         source = node.args[0] if node.args else None
         source_storage = storage.get(source) if isinstance(source, torch.fx.Node) else None
