@@ -222,7 +222,7 @@ class LayoutTruth:
             if fact.same_as is not None:
                 return self._eager[fact.same_as]
             return _Unchecked(f"{node.name!r}: {fact.unknown}")
-        if node.target is operator.getitem and node.op == "call_function":
+        if _picks_a_result(node):
             parent, index = node.args
             value = self._eager[parent] if isinstance(parent, torch.fx.Node) else None
             if isinstance(value, _Unchecked):
@@ -338,6 +338,15 @@ def _source(node: torch.fx.Node) -> torch.fx.Node | None:
     (a scatter's ``src`` is read by its logical values: its layout means nothing to it)."""
     source = bind_as_strided(node)["self"]
     return source if isinstance(source, torch.fx.Node) else None
+
+
+def _picks_a_result(node: torch.fx.Node) -> bool:
+    """Whether ``node`` picks one of a multi-output op's results (``getitem`` of a tuple),
+    rather than indexing a tensor (``x[None, :]`` in a Dynamo graph): the latter runs."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    parent = node.args[0]
+    return not (isinstance(parent, torch.fx.Node) and isinstance(_value(parent), torch.Tensor))
 
 
 def _is_fact(node: torch.fx.Node) -> bool:

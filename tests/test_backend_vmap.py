@@ -201,3 +201,24 @@ def test_windows_under_vmap_grad_keep_a_batched_backward(batch_dim):
         if n.target is torch.ops.aten.unfold_backward.default
     ]
     assert not unrolled, graphs[0].code
+
+
+def _indexed_windows(x):
+    y = x[None, :] * 2  # tensor indexing in Dynamo's graph, a kernel run per sample
+    return y.as_strided((x.numel() - 2, 3), (1, 1))
+
+
+def _transposed_rows(x):  # x: (3, 4); x.t() in the loop has strides (1, 4): x[:, 1:]
+    return x.t().as_strided((3, 3), (4, 1), 1) + 0
+
+
+@pytest.mark.parametrize("fn", [_indexed_windows, _transposed_rows])
+@pytest.mark.parametrize("batch_dim", [0, 1])
+def test_as_strided_of_a_computed_value_under_vmap(fn, batch_dim):
+    """The per-sample layout of a value computed inside vmap is the loop's: fake kernels run
+    per sample, layout truth checks them on eager kernels."""
+    shape = (8,) if fn is _indexed_windows else (3, 4)
+    samples = _samples(shape)
+    expected = torch.stack([fn(s) for s in samples])
+    compiled = torch.compile(vmap(fn, in_dims=batch_dim), backend="fxviews")
+    torch.testing.assert_close(compiled(torch.stack(samples, dim=batch_dim)), expected)

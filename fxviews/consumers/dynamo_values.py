@@ -24,12 +24,14 @@ there the layout the rewrite means (Note [The backend's first stage] in ``dynamo
    ``_set_tensor_requires_grad``, ``_make_dual``) have their argument's value and layout
    (``LayoutFact(same_as=...)``). Inside grad or jvp regions without vmap the example values
    are wrappers with the layout of the tensor they wrap: that tensor's fake value stands in.
-4. **What cannot be computed** (a gradient ``autograd.grad`` returns, a dual's tangent, a call
-   that fails on the per-sample values) gets a value with the layout vmap gives each sample,
-   stated unknown (``LayoutFact(unknown=...)``): an as_strided reading it is kept, and the
-   stage decides what vmap's own reading of it means.
-   A top-level ``_remove_batch_dim`` has vmap's layout of the batched result, which no kernel
-   run can check: unknown too.
+4. **What no kernel run can check**: a gradient ``autograd.grad`` returns (its value is
+   computed by fake autograd from the per-sample values, ``_set_tensor_requires_grad`` giving
+   them ``requires_grad``), a dual's parts, and a top-level ``_remove_batch_dim`` (vmap's
+   layout of the batched result) are stated unknown to layout truth
+   (``LayoutFact(unknown=...)``): an as_strided reading them is kept, and the stage decides
+   what vmap's own reading of it means. Where even the value cannot be computed (a call on
+   such a value, or one that fails on the per-sample values), the node gets a value with the
+   layout vmap gives each sample and is in :attr:`DynamoValues.unknown`.
 
 Every node whose value is per sample is in :attr:`DynamoValues.batched`, with the geometry vmap
 gives each of its samples in :attr:`DynamoValues.physical`. :func:`clear_values` removes what
@@ -183,9 +185,9 @@ def _run(node: torch.fx.Node, unknown: set[torch.fx.Node]) -> Any:
     argument's layout is unknown (a call on it may give any)."""
     if any(a in unknown for a in node.all_input_nodes):
         return None
+    if any(_val(a) is None for a in node.all_input_nodes):
+        return None  # an argument not needed before (no per-sample value computed)
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _val)
-    if any(v is None for v in pytree.tree_leaves((args, kwargs))):
-        return None
     target = _callable(node)
     if target is None:
         return None
