@@ -300,6 +300,16 @@ def storage_identity(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
+def forget_static_evaluations(shape_env: ShapeEnv) -> None:
+    """Drop the ShapeEnv's caches of what it evaluates without adding guards (its axioms,
+    ``_maybe_evaluate_static``): 2.13 clears them on a new replacement, divisibility fact or
+    runtime assert, not on a new guard, so a proof asked before a guard was recorded would be
+    answered without it ever after. The caches are ShapeEnv's methods' (``_lru_cache``, 2.1),
+    shared by every ShapeEnv: dropping them costs recomputation only."""
+    for method in (type(shape_env).get_axioms, type(shape_env)._maybe_evaluate_static):
+        method.cache_clear()
+
+
 def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     """Each backed symbol's trace-time value (``backed_var_to_val``, 2.13; earlier
     ``var_to_val``)."""
@@ -518,6 +528,7 @@ BOUND_NAMES = (
     "current_autograd_node",
     "calling_code",
     "dynamo_functorch_calls",
+    "forget_static_evaluations",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

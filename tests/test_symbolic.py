@@ -8,6 +8,8 @@ other than the one it was traced on, and under ``vmap`` with the batch dim physi
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -226,6 +228,18 @@ TRAINED["tail_after_trained"] = (
 COMPILE_SIZES = (6, 8, 11, 15)
 
 
+@contextlib.contextmanager
+def aten_stage_only():
+    """The backend with its Dynamo-graph rewrite off: the aten graphs' stage alone, as for the
+    as_strided AOTAutograd makes itself. Outside vmap the Dynamo stage leaves symbolic
+    as_strided to the aten stage, while a static one reaches AOTAutograd as view ops (so it
+    differentiates no as_strided): comparing a symbolic compile with a static one compares
+    the aten stage's graphs, with it alone."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(dynamo_stage, "rewrite_dynamo_graph", lambda gm, strict: None)
+        yield
+
+
 def compile_and_run(fn, make, training, dynamic, sizes=COMPILE_SIZES):
     """Compile ``fn`` with a capturing inner compiler, check every size against eager, and
     return the as_strided count of each graph the inner compiler got."""
@@ -242,25 +256,18 @@ def compile_and_check(fn, inputs, training, dynamic):
     return recorder.as_strided_counts()
 
 
-#: Graphs compiled once more: AOTAutograd traces the view ops the Dynamo stage wrote for the
-#: user's as_strided, and for windows every 2 columns its output's contiguity guards on the
-#: row length's parity, so the first odd length compiles again (right at every size).
-EXTRA_COMPILES = {"windows_step_two": 1}
-
-
 @pytest.mark.parametrize("name", COMPILED)
 def test_automatic_dynamic_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
     counts = compile_and_run(fn, make, training, dynamic=None)
     # A static graph for the first size, then one symbolic graph for every later size.
-    assert counts == [0] * (2 + EXTRA_COMPILES.get(name, 0))
+    assert counts == [0, 0]
 
 
 @pytest.mark.parametrize("name", COMPILED)
 def test_dynamic_true_rewrites_what_static_shapes_rewrite(name):
     fn, make, training = COMPILED[name]
-    counts = compile_and_run(fn, make, training, dynamic=True)
-    assert counts == [0] * (1 + EXTRA_COMPILES.get(name, 0))
+    assert compile_and_run(fn, make, training, dynamic=True) == [0]
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -269,7 +276,8 @@ def test_trained_losses_reach_the_inner_compiler_as_static_shapes_do(name, dynam
     # Loss and gradients equal eager at every size; a forward or backward graph holds an
     # as_strided only where the static one does (AOTAutograd compiles forward, backward).
     fn, make = TRAINED[name]
-    static = compile_and_run(fn, make, True, dynamic=False, sizes=COMPILE_SIZES[:1])
+    with aten_stage_only():
+        static = compile_and_run(fn, make, True, dynamic=False, sizes=COMPILE_SIZES[:1])
     reset_dynamo()
     counts = compile_and_run(fn, make, True, dynamic=dynamic)
     assert len(static) == 2 and counts, counts
@@ -375,11 +383,9 @@ SIZED_BY_INPUTS = {
 
 
 @pytest.mark.parametrize("name", SIZED_BY_INPUTS)
-def test_graph_inputs_holding_sizes_are_vmappable(name, monkeypatch):
+@aten_stage_only()
+def test_graph_inputs_holding_sizes_are_vmappable(name):
     # vmap runs the rewritten graph at every batch position, against the graph per sample.
-    # The aten-graph stage alone, as for the as_strided AOTAutograd makes itself: with the
-    # Dynamo stage on, the user's as_strided never reaches AOTAutograd (tests/test_backend_vmap).
-    monkeypatch.setattr(dynamo_stage, "rewrite_dynamo_graph", lambda gm, strict: None)
     graphs = []
 
     def capture(gm, example_inputs):

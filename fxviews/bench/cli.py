@@ -79,8 +79,8 @@ BENCHES: dict[str, tuple[str, str]] = {
         "fxviews.bench.rows_first_hour:bench_memory",
     ),
     "user_as_strided": (
-        f"11. research programs' own as_strided under vmap and vmap(grad), compiled, "
-        f"B={USER_AS_STRIDED_BATCH}: steady state and first call (cpu)",
+        f"11. own as_strided under vmap, vmap(grad), compiled, B={USER_AS_STRIDED_BATCH}: "
+        "steady, first call (cpu)",
         "fxviews.bench.rows_compile:bench_user_as_strided",
     ),
 }

@@ -38,7 +38,7 @@ from fxviews.consumers.dynamo_stage import (
 from fxviews.consumers.storage_bounds import with_storage_checks
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.errors import FxViewsError
-from fxviews.passes.symbolic_geometry import guarding_unproven_bounds
+from fxviews.passes.symbolic_geometry import guards_allowed
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
 from fxviews.torch_state import preserved_torch_state
@@ -236,9 +236,9 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
 
     def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         # Dynamo checks the ShapeEnv's guards before each call, so proofs over symbolic sizes
-        # may guard on a bound that holds for these sizes (Note [Proofs over symbolic
-        # shapes], 4): other sizes compile again.
-        with tracing_lock, preserved_torch_state(), guarding_unproven_bounds():
+        # may add guards where nothing else holds (Note [Proofs over symbolic shapes], 4):
+        # other sizes compile again.
+        with tracing_lock, preserved_torch_state(), guards_allowed():
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
             if prepared.runs_eagerly is not None:
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)

@@ -22,6 +22,11 @@ What an ``as_strided`` means here (the semantics of ``fxviews.transform``):
   ``vmap(fxviews.transform(f))`` and the loop ``torch.stack([f(s) for s in samples])``,
   wherever the batch dim lies in memory (Note [Per-sample values of Dynamo's graph]).
 
+A graph whose as_strided nodes are all outside vmap and one has symbolic sizes is left to the
+second stage, which reads the same layouts and emits its chains after AOTAutograd has traced
+(here AOTAutograd's fake kernels would trace them and guard on their sizes: a bounded chain's
+run-time assertion would become a recompile).
+
 The stage puts those values in ``meta["val"]`` and runs the same engine as every other entry
 point (:class:`~fxviews.passes.AsStridedToViews`: provenance, synthesis, verification, layout
 truth, records), then takes the values out again. A node the engine keeps inside a vmap region
@@ -71,6 +76,7 @@ from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry import Geometry, find_exposed_address
 from fxviews.passes.layout_truth import LAYOUT_FACT, LayoutFact
 from fxviews.passes.source_lines import describe_node
+from fxviews.passes.symbolic_geometry import guarding_unproven_bounds
 from fxviews.printouts import logger, report_rewrite
 
 
@@ -112,12 +118,18 @@ def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> P
 def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResult | None:
     """Rewrite the as_strided nodes of Dynamo's graph ``gm`` in place (see the Note); None for
     a graph without any."""
-    if not any(as_strided_op(n) is not None for n in gm.graph.nodes):
+    nodes = [n for n in gm.graph.nodes if as_strided_op(n) is not None]
+    if not nodes:
         return None
     values = assign_values(gm)
     try:
         if not _all_inputs_valued(gm):
             return None  # a value Dynamo did not record: the aten graphs' stage has them all
+        if not any(n in values.batched for n in nodes) and any(map(_symbolic, nodes)):
+            # Outside vmap the aten graphs' stage reads the same layouts, and there the view ops
+            # of a chain proven for every size are emitted after AOTAutograd has traced: here
+            # its fake kernels would trace them and guard on their sizes (a recompile).
+            return None
         pinnable = pin_candidates(gm, values)
         result = rewrite_in_place(
             gm,
@@ -127,15 +139,18 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
             guard_kept=False,
             against_eager_layouts=True,
         )
-        kept = _kept_under_vmap(gm, values)
-        refit = [k for k in kept if k.fits_vmap_layout]
-        if refit:
-            for k in refit:
-                k.source.meta["val"] = k.physical
-                k.source.meta[LAYOUT_FACT] = LayoutFact(trusted=True)
-            rerun = AsStridedToViews(recompile=False, against_eager_layouts=True)(gm)
+        kept_names = {r.node for r in result.records if r.method == "kept"}
+        kept = [k for k in _kept_under_vmap(gm, values) if k.node.name in kept_names]
+        retried = [k for k in kept if not k.read_alike]
+        if retried:  # a second proof, where vmap's reading of the kept node is not the loop's
+            for k in retried:
+                if k.fits_vmap_layout:
+                    k.source.meta["val"] = k.physical
+                    k.source.meta[LAYOUT_FACT] = LayoutFact(trusted=True)
+            with guarding_unproven_bounds():
+                rerun = AsStridedToViews(recompile=False, against_eager_layouts=True)(gm)
             again = {r.node: r for r in rerun.records}
-            names = {k.node.name for k in refit}
+            names = {k.node.name for k in retried}
             result.records = [again[r.node] if r.node in names else r for r in result.records]
             result.modified = result.modified or any(again[n].method != "kept" for n in names)
             gm.recompile()
@@ -148,6 +163,19 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
     finally:
         clear_values(gm, values)
     return result
+
+
+def _symbolic(node: torch.fx.Node) -> bool:
+    """Whether an as_strided-family node's request or input has symbolic sizes."""
+    source = bind_as_strided(node)["self"]
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    geometry = Geometry.of(value) if isinstance(value, torch.Tensor) else None
+    request = static_request(node, geometry.offset if geometry is not None else 0)
+    return (
+        request is None
+        or geometry is None
+        or not all(type(v) is int for v in (*geometry.sizes, *geometry.strides, geometry.offset))
+    )
 
 
 def _all_inputs_valued(gm: torch.fx.GraphModule) -> bool:

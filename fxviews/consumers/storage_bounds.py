@@ -16,7 +16,8 @@ node (it reads memory its input does not expose), so the backend must keep eager
   is made on each call, before the compiled graph runs: a Python comparison of the argument's
   storage size with the furthest element the request reads, raising eager's error.
 
-Only requests with static sizes are checked; a symbolic one is left as it is (documented).
+Only static requests over inputs of static sizes are checked; a symbolic one is left to the
+aten graphs' stage, which rewrites it asserting its bounds where it can (documented).
 
 Example::
 
@@ -77,8 +78,8 @@ def storage_needs(gm: torch.fx.GraphModule) -> tuple[list[StorageNeed], str | No
         if not isinstance(source, torch.fx.Node):
             continue
         value = source.meta.get("example_value")
-        if type(value) is not FakeTensor or not _strided(value):
-            continue  # under a torch.func transform, or not strided: left as it is
+        if type(value) is not FakeTensor or not _strided(value) or _static(value) is None:
+            continue  # under a torch.func transform, not strided, or symbolic: left as it is
         request = static_request(node, value.storage_offset())  # omitted: the input's
         if request is None:
             continue
@@ -126,10 +127,13 @@ def _allocated(node: torch.fx.Node, storage: int) -> int | None:
     made = node.meta.get("example_value")
     if not isinstance(made, torch.Tensor) or node.op == "placeholder":
         return None
-    g = Geometry.of(made)
-    if not all(type(v) is int for v in (*g.sizes, *g.strides, g.offset)):
-        return None
-    return g.storage_extent()
+    g = _static(made)
+    return None if g is None else g.storage_extent()
+
+
+def _static(value: torch.Tensor) -> Geometry | None:
+    g = Geometry.of(value)
+    return g if all(type(v) is int for v in (*g.sizes, *g.strides, g.offset)) else None
 
 
 def _strided(value: torch.Tensor) -> bool:
