@@ -15,6 +15,7 @@ workaround). ``make test-litert`` runs the LiteRT and JAX rows in a virtualenv o
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -98,8 +99,16 @@ def _tensors(values: Any) -> Tensors:
 
 def _openvino(ep: torch.export.ExportedProgram) -> Runner:
     ov = _imported("openvino")
+    # convert_model sets the root logger to ERROR (openvino.tools.ovc's init_logger) and leaves
+    # it there: every later warning in this test process, fxviews' own included, would vanish.
+    root = logging.getLogger()
+    level = root.level
+    try:
+        model = ov.convert_model(ep)
+    finally:
+        root.setLevel(level)
     # f32: on CPUs with bf16 units OpenVINO would otherwise compute in bf16.
-    compiled = ov.compile_model(ov.convert_model(ep), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     return lambda args: _tensors(list(compiled([a.numpy() for a in args]).values()))
 
 
