@@ -188,6 +188,29 @@ class LayoutTruth:
                 found[node] = reason
         return found
 
+    def layout_doubt(self, node: torch.fx.Node) -> tuple[bool, str | None]:
+        """Whether ``node``'s traced layout is proven not eager's, and why it cannot be taken
+        as eager's: (True, how they differ), (False, why it could not be checked), or
+        (False, None) where it is eager's (or the graph's layouts are real).
+
+        Example::
+
+            >>> LayoutTruth(gm).layout_doubt(roll_node)   # roll of a channels_last input
+            (True, "its traced layout is not eager PyTorch's: roll ('roll') is traced as ...")
+        """
+        if self.trusted or node.op in _TRUSTED:
+            return False, None
+        self._compute({node: node})
+        eager = self._eager[node]
+        if isinstance(eager, _Unchecked):
+            return False, eager.reason
+        if node in self._origin:
+            return True, (
+                f"its traced layout is not eager PyTorch's: "
+                f"{self._disagreement(self._origin[node])}"
+            )
+        return False, None
+
     def eager_layout(self, node: torch.fx.Node) -> Geometry | None:
         """The layout eager PyTorch gives ``node``'s tensor, where :meth:`doubts` computed it."""
         value = self._eager.get(node)

@@ -24,7 +24,7 @@ import contextlib
 import importlib
 import sys
 import types
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -551,6 +551,26 @@ def aot_alias_regeneration_modules() -> tuple[Any, ...]:
     return functional_utils, runtime_wrappers
 
 
+def wrap_dynamo_tensor_method(name: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace the handler with which Dynamo answers a traced tensor's method ``name``
+    (``stride``, ``is_contiguous``: from the fake value, at trace time) by ``wrap(handler)``.
+
+    The handler takes ``(variable, tx, *args, **kwargs)``: Dynamo's TensorVariable (its graph
+    node is ``variable.proxy.node``) and the instruction translator (``tx.f_code``,
+    ``tx.lineno``). From 2.15 it is the ``Method`` entry of ``TensorVariable.tp_methods``;
+    before, the method ``TensorVariable.method_<name>`` (2.0-2.14).
+    """
+    try:
+        variable = importlib.import_module("torch._dynamo.variables.tensor").TensorVariable
+    except (ImportError, AttributeError) as err:
+        raise missing_internal_error("torch._dynamo.variables.tensor.TensorVariable", err) from err
+    table = getattr(variable, "tp_methods", None)
+    if isinstance(table, dict) and name in table:
+        table[name] = type(table[name])(wrap(table[name].handler))
+    else:
+        setattr(variable, f"method_{name}", wrap(getattr(variable, f"method_{name}")))
+
+
 def dynamo_functorch_calls() -> dict[str, Any]:
     """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
     role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
@@ -726,6 +746,7 @@ BOUND_NAMES = (
     "tensor_hooks",
     "module_backward_hooks",
     "dynamo_functorch_calls",
+    "wrap_dynamo_tensor_method",
     "forget_static_evaluations",
 )
 ON_USE_NAMES = tuple(_ON_USE)

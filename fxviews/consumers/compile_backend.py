@@ -35,6 +35,7 @@ from fxviews.consumers.dynamo_stage import (
     prepare_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
+from fxviews.consumers.layout_reads import check_layout_reads, mark_layout_reads
 from fxviews.consumers.storage_bounds import with_storage_checks
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
@@ -53,6 +54,11 @@ InnerCompiler = Callable[[GraphModule, Sequence[Any]], CompiledFn]
 Backend = Callable[[GraphModule, Sequence[Any]], CompiledFn]
 
 _INNER_NAMES = ("eager", "inductor")
+
+# Dynamo must mark the layouts Python reads while it traces, before this backend sees the graph
+# (Note [Layouts read in Python]); torch.compile imports this module when it looks the backend
+# up (by name or as fxviews.backend), before its first trace.
+mark_layout_reads()
 
 
 def backend(
@@ -240,6 +246,7 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
         # may add guards where nothing else holds (Note [Proofs over symbolic shapes], 4):
         # other sizes compile again.
         with tracing_lock, preserved_torch_state(), guards_allowed():
+            check_layout_reads(gm)
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
             if prepared.runs_eagerly is not None:
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
