@@ -28,7 +28,9 @@ from fxviews.bench import (
     workloads,
     zoo,
 )
+from fxviews.bench.models import MODELS
 from fxviews.examples import push_jvp, seed_args
+from tests.real_models import require_zoo_or_skip
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
 FAST_ROWS = ("vmap", "graph", "overhead")
@@ -172,6 +174,26 @@ def test_row_8_says_why_a_zoo_model_cannot_run(monkeypatch, capsys) -> None:
     assert lines["median", ""]["tf/eager"] == pytest.approx(
         (lines["mobilenet", "grads"]["tf/eager"] + lines["mobilenet", "jvp"]["tf/eager"]) / 2
     )
+
+
+def test_row_8_measures_the_zoo(capsys) -> None:
+    """The bench's zoo rows run where the real-model tests do (``FXVIEWS_REQUIRE_ZOO=1`` in CI):
+    every zoo program measured on every path that can capture it, at a tiny image side."""
+    require_zoo_or_skip("torchvision", "timm")
+    zoo_models = tuple(name for name, spec in MODELS.items() if spec.library)
+    tiny_zoo = settings.Settings(1, 0.0, (8,), (1_000,), 1, False, models=zoo_models,
+                                 zoo_image_side=32)  # fmt: skip
+    tables = bench.run_rows(["models"], tiny_zoo, None)
+    assert "n/a (" not in capsys.readouterr().out  # every library imported
+    assert report.failed_paths(tables) == []
+    *lines, median = tables["models"]
+    assert [(line["model"], line["program"]) for line in lines] == [
+        (name, kind) for name in zoo_models for kind in MODELS[name].programs
+    ]
+    for line in lines:
+        assert line["tf_first_s"] > 0 and line["eager_first_s"] > 0 and line["tf/eager"] > 0
+        assert 0 < line["share_%"] < 100
+    assert median["model"] == "median" and median["tf/eager"] > 0
 
 
 def test_row_8_medians_are_by_group_when_written_and_zoo_models_ran() -> None:

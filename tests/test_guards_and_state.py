@@ -25,6 +25,7 @@ import fxviews
 from fxviews.bench import models
 from fxviews.guards import StateGuard
 from tests.fresh_python import run_fresh_python
+from tests.real_models import require_zoo_or_skip
 from tests.reference import (
     TEST_DEVICE,
     assert_tree_close,
@@ -772,8 +773,7 @@ def test_zoo_models_in_train_mode_keep_eager_state() -> None:
     sizes: outputs, every running statistic and the random stream as eager's."""
     from fxviews.bench import zoo
 
-    if zoo.unavailable("torchvision"):
-        pytest.skip(zoo.unavailable("torchvision"))
+    require_zoo_or_skip("torchvision")
     torch.manual_seed(0)
     calls = [call_with(randn(b, 3, 32, 32)) for b in (2, 3, 2)]
     run_twice(on_test_device(zoo.resnet18(32).train()), plain, calls)
