@@ -41,6 +41,7 @@ mode, which decides data dependence precisely (and says why a graph cannot captu
 
 from __future__ import annotations
 
+import contextvars
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,6 +68,7 @@ __all__ = [
     "ValueReads",
     "reads_values_into_shape",
     "record",
+    "recorded_node",
     "shaped_by_metadata",
 ]
 
@@ -96,9 +98,26 @@ def record(
         ['aten.t.default', 'aten.sin.default']
     """
     recorder = OpRecorder(args, mode)
-    with ValueReads(), recorder:
-        outputs = call(*args)
+    active = _ACTIVE.set(recorder)
+    try:
+        with ValueReads(), recorder:
+            outputs = call(*args)
+    finally:
+        _ACTIVE.reset(active)
     return recorder.graph_module(outputs)
+
+
+#: The recorder running on this thread (for :func:`recorded_node`).
+_ACTIVE: contextvars.ContextVar[OpRecorder | None] = contextvars.ContextVar(
+    "fxviews_recorder", default=None
+)
+
+
+def recorded_node(tensor: torch.Tensor) -> torch.fx.Node | None:
+    """The node the recording running now made for ``tensor`` (None if none records it), so
+    code around an op can annotate it (the gathers of :mod:`fxviews.tensor_indices`)."""
+    recorder = _ACTIVE.get()
+    return recorder.node_made_for(tensor) if recorder is not None else None
 
 
 def reads_values_into_shape(func: Any, args: Sequence[Any]) -> bool:
@@ -240,6 +259,10 @@ class OpRecorder(TorchDispatchMode):
         else:
             node.meta["val"] = out
         return out
+
+    def node_made_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
+        """The node recorded for ``tensor``, None if the recording has not seen it."""
+        return self._nodes.get(id(tensor))
 
     def graph_module(self, outputs: Any) -> torch.fx.GraphModule:
         """The recorded graph returning ``outputs`` (a flat list), constants held by reference."""

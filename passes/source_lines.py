@@ -96,7 +96,7 @@ def source_line(node: torch.fx.Node) -> str | None:
     if not frames:
         return None
     file, line, name = frames[-1]
-    return f"{_short(file)}:{line}, in {name.strip()}"
+    return f"{short_path(file)}:{line}, in {name.strip()}"
 
 
 def describe_node(node: torch.fx.Node) -> str:
@@ -105,7 +105,7 @@ def describe_node(node: torch.fx.Node) -> str:
     return f"{node.name!r}" if line is None else f"{node.name!r} ({line})"
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else as it is."""
     try:
         relative = os.path.relpath(path)
@@ -121,6 +121,7 @@ __all__ = [
     "internal_frame",
     "internal_module",
     "note_user_frames",
+    "short_path",
     "source_line",
     "user_frames",
 ]
