@@ -28,6 +28,8 @@ from fxviews.passes import (
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
+from fxviews.passes.bound_calls import bind_calls, bind_constants
+from fxviews.passes.constant_folding import fold_input_free_results
 from fxviews.passes.graph_edits import collector_paused, copy_graph
 from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
@@ -90,7 +92,9 @@ class RewriteSteps:
     [Kept nodes under vmap]): for graphs fxviews runs itself, where a guard is a Python call.
     ``tidy_untouched=False`` leaves a graph the steps did not change exactly as it was (no dead
     code or redundant alias removed): an exported program without as_strided then reaches its
-    compiler unchanged.
+    compiler unchanged. ``bind_calls=True`` calls each op through its Python binding where that
+    is the same call (Note [Calling ops through their Python bindings]): for graphs fxviews
+    only runs, never for one another compiler reads.
 
     Example::
 
@@ -104,6 +108,7 @@ class RewriteSteps:
     tidy_untouched: bool = True
     guard_kept: bool = False
     copy_unfolds: bool = False
+    bind_calls: bool = False
 
     @classmethod
     def of(
@@ -181,11 +186,13 @@ def rewrite_in_place(
     reshape_views: bool = True,
     pin_layouts: bool = True,
     guard_kept: bool = True,
+    bind_calls: bool = False,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
     ``guard_kept`` puts the run-time guards of kept nodes in the graph (a Python call each, see
-    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend).
+    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend);
+    ``bind_calls`` calls its ops through their Python bindings (transform, which only runs it).
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
     callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
@@ -200,7 +207,10 @@ def rewrite_in_place(
         True
     """
     steps = RewriteSteps(
-        reshape_views=reshape_views, pin_layouts=pin_layouts, guard_kept=guard_kept
+        reshape_views=reshape_views,
+        pin_layouts=pin_layouts,
+        guard_kept=guard_kept,
+        bind_calls=bind_calls,
     )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
@@ -241,7 +251,13 @@ def _rewrite_steps(
             modified = True
     # Last: a guard is a Python call, which the alias analysis of every step would find opaque.
     guarded = guard_kept_nodes(gm, pinned.records) if steps.guard_kept else {}
-    modified = modified or bool(guarded)
+    tuned = 0
+    if steps.bind_calls:  # a graph only run (Note [Results that depend on no input] and
+        # [Calling ops through their Python bindings]): constants first, then bindings of
+        # the aten overloads every step reads
+        tuned = fold_input_free_results(gm) + bind_calls(gm)
+        bind_constants(gm)
+    modified = modified or bool(guarded) or bool(tuned)
     if modified:
         gm.recompile()
     return RewriteResult(

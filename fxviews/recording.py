@@ -41,14 +41,16 @@ mode, which decides data dependence precisely (and says why a graph cannot captu
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.composite_calls import CompositeCalls
 from fxviews.passes.source_lines import note_user_frames
 from fxviews.passes.torch_internals import (
     FakeTensor,
@@ -100,7 +102,8 @@ def record(
     recorder = OpRecorder(args, mode)
     active = _ACTIVE.set(recorder)
     try:
-        with ValueReads(), recorder:
+        # Note [Composite calls in a recording]: linear and matmul recorded whole.
+        with ValueReads(), CompositeCalls(recorder), recorder:
             outputs = call(*args)
     finally:
         _ACTIVE.reset(active)
@@ -235,12 +238,15 @@ class OpRecorder(TorchDispatchMode):
         self._storages: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self._traced_storages: set[int] = set()
         self._constants: dict[str, torch.Tensor] = {}
+        self._paused = 0  # > 0 inside a composite call recorded whole
         for position, tensor in enumerate(inputs):
             node = self.graph.placeholder(f"arg{position}_1")
             self._track(tensor, node)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if self._paused:  # inside a composite call recorded whole
+            return func(*args, **kwargs)
         if func is efficient_zero_tensor:
             raise NotRecordable("forward AD made a zero tangent")
         if reads_values_into_shape(func, args):
@@ -259,6 +265,26 @@ class OpRecorder(TorchDispatchMode):
         else:
             node.meta["val"] = out
         return out
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Run ops without recording them (the decomposition of a call recorded whole)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def record_whole(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """Record ``op(*args, **kwargs)``, run while paused, as one node that made ``out``."""
+        if not isinstance(out, torch.Tensor) or storage_identity(out) in self._traced_storages:
+            raise NotRecordable(f"{op} returned memory the trace already had")
+        node = self.graph.call_function(
+            op,
+            tuple(_map_arguments(self._node_of, args)),
+            {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()},
+        )
+        self._track(out, node)
 
     def node_made_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
         """The node recorded for ``tensor``, None if the recording has not seen it."""

@@ -44,6 +44,10 @@ try:
     # pytree flattening of arguments and results (the cache key, the graph's output spec). 1.8.
     import torch.utils._pytree as pytree
     from torch._C import Argument as SchemaArgument
+
+    # Python reads of a tensor outside every TorchFunctionMode (the recorder's own bookkeeping
+    # from inside one of its modes). 2.0.
+    from torch._C import DisableTorchFunction as torch_function_disabled
     from torch._C import (
         _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
     )
@@ -82,6 +86,10 @@ try:
         _set_view_replay_enabled as set_view_replay_enabled,
     )
 
+    # The C++ functions behind torch.<op>, those Python wraps included (torch.split): the
+    # bindings a graph fxviews only runs calls its ops through. 1.0.
+    from torch._C import _VariableFunctions as variable_functions
+
     # Dynamo's frame hook's plan for a code object (set_code_exec_strategy, with a
     # _FrameExecStrategy of two _FrameActions: for its frame, and for every frame it calls).
     # As of 2.13. See run_outside_dynamo.
@@ -108,13 +116,15 @@ try:
 
     # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
     # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
-    # maybe_get_bdim). 2.0.
+    # maybe_get_bdim). 2.0. The innermost active torch.func transform (peek_interpreter_stack,
+    # None outside all): a recording keeps a composite call as one node only outside them. 2.0.
     from torch._C._functorch import (
         get_inplace_requires_grad_allowed,
         get_unwrapped,
         is_batchedtensor,
         is_functorch_wrapped_tensor,
         maybe_get_bdim,
+        peek_interpreter_stack,
         set_inplace_requires_grad_allowed,
     )
     from torch._C._functorch import (
@@ -434,12 +444,15 @@ BOUND_NAMES = (
     "LazyGraphModule",
     "no_dispatch",
     "temporarily_clear_interpreter_stack",
+    "torch_function_disabled",
+    "variable_functions",
     "is_functorch_wrapped_tensor",
     "get_unwrapped",
     "is_batchedtensor",
     "maybe_get_bdim",
     "functorch_layer_depth",
     "get_inplace_requires_grad_allowed",
+    "peek_interpreter_stack",
     "pop_functorch_layers_to",
     "set_inplace_requires_grad_allowed",
     "PreserveDispatchKeyGuard",

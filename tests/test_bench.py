@@ -43,7 +43,16 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
         cli,
         "QUICK",
         settings.Settings(
-            1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20, models=("mobilenet",), memory_mb=8
+            1,
+            0.0,
+            (8, 64),
+            (1_000,),
+            1,
+            False,
+            dense_views=20,
+            models=("mobilenet",),
+            memory_mb=8,
+            small_programs=("rotary", "q_value"),
         ),
     )
 
@@ -137,6 +146,13 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
         assert (line["aot/eager first"] is None) == ("aot: n/a" in line["note"])
     steady = [line["tf/eager"] for line in models[:-1]]
     assert models[-1]["tf/eager"] == pytest.approx(sum(steady) / 2)  # the median of two
+    # Row 11: each small program on both paths, then the median and the largest ratio.
+    small = rows["small"]
+    assert [line["program"] for line in small] == ["rotary", "q_value", "median", "largest"]
+    for line in small[:2]:
+        assert all(line[k] > 0 for k in ("eager_s", "tf_s", "eager_first_s", "tf_first_s"))
+        assert line["tf/eager"] == line["tf_s"] / line["eager_s"]
+    assert small[3]["tf/eager"] == max(line["tf/eager"] for line in small[:2])
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 

@@ -1,6 +1,6 @@
 """``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
 
-Ten tables, each a set of timings taken in this run with ratios beside them (ratios measured
+Eleven tables, each a set of timings taken in this run with ratios beside them (ratios measured
 in one process on one machine are what compare; absolute times move with the machine). The
 timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 
@@ -26,6 +26,9 @@ timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
                    in fresh interpreters.
 10. ``memory``     peak memory of ``transform``'s first call vs eager on a large input, called
                    directly and under ``vmap``, in fresh interpreters.
+11. ``small``      programs of a few ops each (a KV-cache write, rotary embeddings, a GRU step,
+                   an optimizer step, a window sum, ...) under ``vmap``, B=3: ``transform``
+                   vs eager, steady-state call and first call.
 
 Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
 which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
@@ -38,10 +41,10 @@ path that raises prints ``n/a (error: ...)`` and makes the run exit with status 
 The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
 ``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7),
 ``rows_models``, ``models`` and ``zoo`` (row 8 and its models), ``rows_first_hour`` (rows 9
-and 10), ``workloads`` (the functions measured), ``compile_paths`` and ``cold`` (compiled
-paths and their first calls in fresh interpreters), ``timing`` (the timers), ``report`` (cells
-and tables), ``output`` (the progress line, PyTorch's warnings collected) and ``plots``
-(``--plot``'s charts).
+and 10), ``rows_small`` and ``small_programs`` (row 11 and its programs), ``workloads`` (the
+functions measured), ``compile_paths`` and ``cold`` (compiled paths and their first calls in
+fresh interpreters), ``timing`` (the timers), ``report`` (cells and tables), ``output`` (the
+progress line, PyTorch's warnings collected) and ``plots`` (``--plot``'s charts).
 ``bench --help`` prints :data:`~fxviews.bench.cli.DESCRIPTION`, not this docstring.
 """
 

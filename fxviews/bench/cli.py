@@ -70,6 +70,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "10. first call's memory: peak RSS of transform's first call vs eager, large input",
         "fxviews.bench.rows_first_hour:bench_memory",
     ),
+    "small": (
+        "11. small programs under vmap, B=3: transform vs eager, steady state and first call",
+        "fxviews.bench.rows_small:bench_small",
+    ),
 }
 
 #: Row names, in the order they run and print.
@@ -92,8 +96,11 @@ Time fxviews against the alternatives, every comparison measured side by side in
               aot_eager (torchvision and timm models too, with fxviews[zoo])
   startup     seconds import fxviews adds to import torch, and python -m fxviews --help
   memory      peak memory of transform's first call (one sample recorded) vs eager
+  small       programs of a few ops (a KV-cache write, rotary embeddings, a GRU step, an
+              optimizer step, a window sum, ...) under vmap: transform vs eager, per call
+              and first call
 
-Rows 1, 4, 5 and 7 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
+Rows 1, 4, 5, 7 and 11 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
 median wall time. torch runs on one thread unless --threads says otherwise. A path that
 cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
 exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized
