@@ -12,8 +12,9 @@ than the eager code it was recorded from. So, for a graph that is only run (the 
 cached graph; never one handed to another compiler, which reads the overloads):
 
 1. **Candidates.** For a node calling ``aten.<name>.<overload>``: ``torch.<name>`` (or
-   ``torch.nn.functional.<name>``, or the C++ function ``torch.<name>`` wraps in Python, as
-   for ``split``) where it is a C++ builtin, else the method
+   ``torch.nn.functional.<name>``) where it is a C++ builtin that generated code reaches by
+   its module and name (``torch.split`` is a Python wrapper of the C++ one: not a candidate),
+   else the method
    ``Tensor.<name>`` where it is a C++ method descriptor
    (emitted as FX's ``call_method``, ``x.<name>(...)``). Python-written functions
    (``torch.split``, ``Tensor.__getitem__`` paths) are never candidates: they may do more.
@@ -52,6 +53,7 @@ Example::
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +61,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .torch_internals import OpOverload, TorchDispatchMode, variable_functions
+from .torch_internals import OpOverload, TorchDispatchMode
 
 __all__ = ["bind_calls", "bind_constants"]
 
@@ -131,14 +133,20 @@ def _candidate(op: OpOverload) -> tuple[str, Any] | None:
     """The binding of ``op``'s name (step 1): ``("call_function", torch.<name>)`` or
     ``("call_method", "<name>")``."""
     name = op.overloadpacket.__name__
-    # F.linear is C++'s, torch.linear is not; torch.split is Python, its C++ one is not
-    for namespace in (torch, torch.nn.functional, variable_functions):
+    for namespace in (torch, torch.nn.functional):  # F.linear is C++'s, torch.linear is not
         function = getattr(namespace, name, None)
-        if isinstance(function, types.BuiltinFunctionType):
+        if isinstance(function, types.BuiltinFunctionType) and _named_as_itself(function):
             return "call_function", function
     if isinstance(getattr(torch.Tensor, name, None), types.MethodDescriptorType):
         return "call_method", name
     return None
+
+
+def _named_as_itself(function: Any) -> bool:
+    """Whether ``function``'s module and name lead back to it: generated code calls it by that
+    name (``torch.split`` names the Python wrapper of the C++ ``split``, not the C++ one)."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    return module is not None and getattr(module, function.__name__, None) is function
 
 
 def _prove(

@@ -86,10 +86,6 @@ try:
         _set_view_replay_enabled as set_view_replay_enabled,
     )
 
-    # The C++ functions behind torch.<op>, those Python wraps included (torch.split): the
-    # bindings a graph fxviews only runs calls its ops through. 1.0.
-    from torch._C import _VariableFunctions as variable_functions
-
     # Dynamo's frame hook's plan for a code object (set_code_exec_strategy, with a
     # _FrameExecStrategy of two _FrameActions: for its frame, and for every frame it calls).
     # As of 2.13. See run_outside_dynamo.
@@ -445,7 +441,6 @@ BOUND_NAMES = (
     "no_dispatch",
     "temporarily_clear_interpreter_stack",
     "torch_function_disabled",
-    "variable_functions",
     "is_functorch_wrapped_tensor",
     "get_unwrapped",
     "is_batchedtensor",

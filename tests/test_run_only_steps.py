@@ -85,6 +85,14 @@ def test_an_op_whose_binding_reaches_another_overload_keeps_it() -> None:
     assert aten.add.Tensor not in _targets(gm) and torch.add in _targets(gm)
 
 
+def test_a_binding_generated_code_cannot_reach_by_its_name_is_not_used() -> None:
+    # The C++ split is torch._C._VariableFunctions.split; `torch.split`, the name generated code
+    # would call, is a Python wrapper around it.
+    gm = _graph(lambda x: x.split(2)[0] * 2, torch.randn(4))
+    bind_calls(gm)
+    assert aten.split.Tensor in _targets(gm) and torch.mul in _targets(gm)
+
+
 def test_slices_become_indexing_where_it_reaches_the_same_slice() -> None:
     gm = _graph(lambda x: x[1:, 1:3] + x[1:, ::2][:, :2], torch.randn(3, 4))
     bind_calls(gm)
