@@ -14,8 +14,17 @@ NEWEST_VENV ?= .venv-newest-torch
 NEWEST_TORCH ?= ~=2.15.0
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
+# `make test-oldest-torch`: the whole suite again, in its own virtualenv, on the oldest torch
+# release the declared range allows, with the torchvision built for it and timm (the zoo extra),
+# so the real-model tests run on a pair that imports together (FXVIEWS_REQUIRE_ZOO=1: they fail
+# rather than skip where the zoo does not import).
+OLDEST_VENV ?= .venv-oldest-torch
+OLDEST_TORCH ?= 2.11.0
+OLDEST_TORCHVISION ?= 0.26.0
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_STAMP := $(OLDEST_VENV)/.fxviews-installed
 
-.PHONY: setup lint test test-device test-newest-torch test-litert demo bench fuzz clean
+.PHONY: setup lint test test-device device-wheels test-oldest-torch test-newest-torch test-litert demo bench fuzz clean
 
 setup: $(STAMP)
 
@@ -61,12 +70,23 @@ test: lint
 
 # `make test-device DEVICE=cuda` (or cuda:1, ...): the differential tests (the files listed in
 # tests/on_device.sh) with their samples on DEVICE, through FXVIEWS_TEST_DEVICE, in $(VENV). A
-# device this machine lacks fails them at collection, saying so; the rest of the suite is
-# `make test`'s, on CPU.
+# device this machine lacks fails the preflight, saying so; the rest of the suite is
+# `make test`'s, on CPU. tests/on_device.sh LOGDIR alone also runs the bench's device rows.
 DEVICE ?= cuda
 
 test-device: setup
-	DEVICE=$(DEVICE) PYTHON=$(PY) PYTEST_ARGS='$(PYTEST_OPTIONS)' tests/on_device.sh
+	DEVICE=$(DEVICE) PYTHON=$(PY) PYTEST_ARGS='$(PYTEST_OPTIONS)' BENCH=0 TESTS_TIMEOUT=0 \
+		tests/on_device.sh
+
+# `make device-wheels`: the pure-Python wheels tests/on_device.sh needs beyond torch, for a
+# GPU machine's own Python 3.12 where nothing can be installed: carried in .device-wheels/,
+# unpacked onto the path by the script.
+DEVICE_WHEELS := tabulate pytest pluggy iniconfig packaging pygments hypothesis \
+	sortedcontainers expecttest pytest-xdist execnet pytest-timeout
+
+device-wheels:
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version 3.12 \
+		--implementation py --abi none --platform any -d .device-wheels $(DEVICE_WHEELS)
 
 # `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
 # FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential
@@ -97,6 +117,20 @@ test-newest-torch: $(NEWEST_STAMP)
 	$(NEWEST_PY) -c 'import torch; print("torch", torch.__version__)'
 	$(NEWEST_PY) -m pytest $(PYTEST_SUITE)
 
+$(OLDEST_PY):
+	$(PYTHON) -m venv $(OLDEST_VENV)
+
+# One pip call, so torch, torchvision and fxviews resolve together.
+$(OLDEST_STAMP): pyproject.toml | $(OLDEST_PY)
+	$(OLDEST_PY) -m pip install -q --upgrade pip
+	$(OLDEST_PY) -m pip install -q torch==$(OLDEST_TORCH) torchvision==$(OLDEST_TORCHVISION) \
+		-e '.[test,zoo]'
+	touch $(OLDEST_STAMP)
+
+test-oldest-torch: $(OLDEST_STAMP)
+	$(OLDEST_PY) -c 'import torch, torchvision; print(torch.__version__, torchvision.__version__)'
+	FXVIEWS_REQUIRE_ZOO=1 $(OLDEST_PY) -m pytest $(PYTEST_SUITE)
+
 # `make test-litert`: the LiteRT and JAX (torchax) runtimes' tests and docs/runtimes.md's
 # recipes, in a virtualenv of their own. litert-torch caps torch below 2.15 and (through xdsl)
 # typing_extensions below 4.13, which the main one cannot take; it brings JAX, so torchax costs
@@ -126,4 +160,4 @@ bench: setup
 	$(PY) -m fxviews bench
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) $(LITERT_VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(NEWEST_VENV) $(LITERT_VENV) .device-wheels build *.egg-info

@@ -10,18 +10,20 @@ goes through its own batching rule: ``addmm`` of a one-row matrix costs more tha
 own handling of ``linear`` (a single batched ``mm`` over the batch folded into the rows),
 which eager ``vmap(fn)`` gets by calling ``linear`` itself. So, while recording,
 :class:`CompositeCalls` records such a call as one node (``aten.linear.default``,
-``aten.matmul.default``): the recorder is paused while the call runs (the ops of its
-decomposition run for real, unrecorded), and the call's result is recorded as made by that
-node. When the graph runs, the call decomposes as eager's would, for the shapes (and batch)
-it meets then.
+``aten.matmul.default``): the ops of its decomposition run for real, unrecorded (their
+memory still the trace's, and still refused where a recording would refuse them), and the
+call's result is recorded as made by that node. When the graph runs, the call decomposes as
+eager's would, for the shapes (and batch) it meets then.
 
 Only where the decomposition is all a recording would miss:
 
 * no ``torch.func`` transform is active inside the function (its layers act on the
   decomposition's ops, and their effects are recorded op by op), and no forward-AD level
   (tangents are computed op by op below the call);
+* the recorder is recording (not inside a call it keeps as one node already, such as a custom
+  ``autograd.Function``'s forward);
 * every tensor argument is a plain tensor (not a subclass);
-* the result shares no memory with the trace's tensors (its schema says it is new memory; a
+* the result shares no memory with the call's arguments (its schema says it is new memory; a
   result that is not would make the graph's alias facts wrong: the recording is refused and
   fake mode traces instead).
 
@@ -46,11 +48,11 @@ from torch.overrides import TorchFunctionMode
 
 from fxviews.passes.torch_internals import (
     disable_current_modes,
+    no_torch_function,
     op_schema,
     peek_interpreter_stack,
     python_dual_level,
     pytree,
-    torch_function_disabled,
 )
 
 __all__ = ["CompositeCalls"]
@@ -77,13 +79,18 @@ class CompositeCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         op = _COMPOSITES.get(func)
-        if op is None or not _keepable(op, args, kwargs):
+        if op is None or not self._recorder.recording or not _keepable(op, args, kwargs):
             return func(*args, **kwargs)
-        with self._recorder.paused():
-            out = func(*args, **kwargs)
         # The recorder's own reads and meta tensors, outside the modes that watch the function.
-        with torch_function_disabled(), disable_current_modes():
-            self._recorder.record_whole(op, args, kwargs, out)
+        with no_torch_function(), disable_current_modes():
+            # The arguments' nodes first: a constant seen for the first time gets its node
+            # before the decomposition's views of it make its memory the trace's.
+            for leaf in pytree.tree_leaves((args, kwargs)):
+                self._recorder.node_for(leaf)
+        with self._recorder.unrecorded():
+            out = func(*args, **kwargs)
+        with no_torch_function(), disable_current_modes():
+            self._recorder.record_new_result(op, args, kwargs, out)
         return out
 
 

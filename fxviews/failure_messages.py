@@ -47,7 +47,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fxviews.passes.source_lines import internal_frame, short_path
+from fxviews.passes.source_lines import format_frame, internal_frame, short_path
 
 __all__ = ["Failure", "UserLine", "definition_line", "describe", "instruction_at", "user_line"]
 
@@ -76,7 +76,7 @@ class UserLine:
     instruction: str | None
 
     def __str__(self) -> str:
-        return f"{short_path(self.file)}:{self.line}, in {self.function}"
+        return format_frame(self.file, self.line, self.function)
 
     @property
     def is_condition(self) -> bool:

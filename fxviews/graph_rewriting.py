@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from fxviews.autograd_structure import AUTOGRAD_KEPT
+from fxviews.layout_decisions import decision_records
 from fxviews.passes import (
     AsStridedToViews,
     LayoutPinning,
@@ -70,6 +72,10 @@ class RewriteResult:
     #: How the graph was traced, when fxviews traced it (``"fake mode"``, ``"recorded on a
     #: sample"`` or ``"real mode (fake mode failed: ...)"``); None for graphs made elsewhere.
     traced_with: str | None = None
+    #: What the trace kept of the function's autograd structure (grad-mode switches, custom
+    #: autograd.Functions kept as one node), one line each with the user's source line (Note
+    #: [What autograd sees is part of the trace]); empty for graphs made elsewhere.
+    autograd_kept: tuple[str, ...] = ()
 
     @property
     def code_after(self) -> str:
@@ -92,9 +98,12 @@ class RewriteSteps:
     [Kept nodes under vmap]): for graphs fxviews runs itself, where a guard is a Python call.
     ``tidy_untouched=False`` leaves a graph the steps did not change exactly as it was (no dead
     code or redundant alias removed): an exported program without as_strided then reaches its
-    compiler unchanged. ``bind_calls=True`` calls each op through its Python binding where that
-    is the same call (Note [Calling ops through their Python bindings]): for graphs fxviews
-    only runs, never for one another compiler reads.
+    compiler unchanged. ``against_eager_layouts=True`` proves an as_strided whose input's traced
+    layout is not eager's against eager's layout instead of keeping it (for graphs another
+    compiler runs, which may lay that input out either way; see AsStridedToViews).
+    ``bind_calls=True`` calls each op through its Python binding where that is the same call
+    (Note [Calling ops through their Python bindings]): for graphs fxviews only runs, never for
+    one another compiler reads.
 
     Example::
 
@@ -108,6 +117,7 @@ class RewriteSteps:
     tidy_untouched: bool = True
     guard_kept: bool = False
     copy_unfolds: bool = False
+    against_eager_layouts: bool = False
     bind_calls: bool = False
 
     @classmethod
@@ -186,6 +196,7 @@ def rewrite_in_place(
     reshape_views: bool = True,
     pin_layouts: bool = True,
     guard_kept: bool = True,
+    against_eager_layouts: bool = False,
     bind_calls: bool = False,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
@@ -210,6 +221,7 @@ def rewrite_in_place(
         reshape_views=reshape_views,
         pin_layouts=pin_layouts,
         guard_kept=guard_kept,
+        against_eager_layouts=against_eager_layouts,
         bind_calls=bind_calls,
     )
     with collector_paused():  # as in rewrite_graph
@@ -228,9 +240,14 @@ def _rewrite_steps(
 ) -> RewriteResult:
     """Run the engine and the later steps on ``gm`` in place; ``code_before`` is its code now."""
     start = time.perf_counter()
+    decided = decision_records(gm.graph)  # what the trace kept deciding at run time
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(
-        strict=strict, example_inputs=example_inputs, recompile=False, opset=steps.opset
+        strict=strict,
+        example_inputs=example_inputs,
+        recompile=False,
+        opset=steps.opset,
+        against_eager_layouts=steps.against_eager_layouts,
     )(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records
@@ -266,11 +283,12 @@ def _rewrite_steps(
         modified=modified,
         code_before=code_before,
         seconds=time.perf_counter() - start,
-        view_records=credit_engine(reshaped.records, made),
+        view_records=[*decided, *credit_engine(reshaped.records, made)],
         pin_records=credit_engine(_note_guards(pinned.records, guarded), made),
         clone_records=reclones.records,
         unfold_records=unfolds.records,
         traced_with=gm.meta.get(TRACED_WITH),
+        autograd_kept=gm.meta.get(AUTOGRAD_KEPT, ()),
     )
 
 

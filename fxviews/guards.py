@@ -107,16 +107,19 @@ class StateGuard:
         return f"training flag of {', '.join(changed)}" if changed else ""
 
 
-def same_kind_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool]:
+def same_kind_check(
+    tensors: Sequence[torch.Tensor], strides: Sequence[Sequence[int] | None] | None = None
+) -> Callable[..., bool]:
     """A check, in C++, that the tensors it is given are of the kind of ``tensors``, one by one.
 
     Same Python type, dispatch keys (under the thread-local dispatch state in force at the
     check, so inside ``vmap`` a BatchedTensor matches only a BatchedTensor), dtype, device,
-    ``requires_grad`` and sizes (logical ones for a wrapper); strides are not compared. That is
-    stricter than transform's signature key (shape, dtype, device), so a pass implies the key
-    matches. It is Dynamo's ``TensorGuards`` (~80 ns a tensor, against ~0.35 us for the key in
-    Python); building one costs ~1.5 us. A call with another number of tensors than
-    ``tensors`` raises TypeError: compare the count first.
+    ``requires_grad`` and sizes (logical ones for a wrapper); strides where ``strides`` gives
+    them (one entry per tensor, None: not compared). That is stricter than transform's
+    signature key (shape, dtype, device, and the layout Note [The layout of a call] keys on),
+    so a pass implies the key matches. It is Dynamo's ``TensorGuards`` (~80 ns a tensor,
+    against ~0.35 us for the key in Python); building one costs ~1.5 us. A call with another
+    number of tensors than ``tensors`` raises TypeError: compare the count first.
 
     Example::
 
@@ -127,8 +130,12 @@ def same_kind_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool]:
     # One list per tensor, each dim's size or None for "not compared" (PyTorch's stub types
     # them as one flat list, which the C++ rejects).
     sizes: Any = [list(tensor.shape) for tensor in tensors]
-    strides: Any = [[None] * tensor.dim() for tensor in tensors]
-    guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+    strides = strides or [None] * len(tensors)
+    compared: Any = [
+        [None] * tensor.dim() if given is None else list(given)
+        for tensor, given in zip(tensors, strides, strict=True)
+    ]
+    guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=compared)
     return guards.check
 
 

@@ -86,6 +86,7 @@ class Rewrite(Protocol):
     modified: bool
     seconds: float
     traced_with: str | None
+    autograd_kept: tuple[str, ...]
     code_before: str
 
     @property
@@ -109,6 +110,13 @@ def format_result(result: Rewrite, *, width: int = DEFAULT_WIDTH, diff: bool = T
     parts.append(_fold_summary(format_summary(result), width))
     if result.traced_with and result.traced_with not in (FAKE_MODE, RECORDED):
         parts.append(f"fxviews: traced in {result.traced_with}")
+    if result.autograd_kept:
+        kept = [
+            folded
+            for line in result.autograd_kept
+            for folded in _wrap_tokens(f"  {line}", width, "      ")
+        ]
+        parts.append("\n".join(["fxviews: kept for autograd (run as eager runs them):", *kept]))
     if diff:
         parts.append(format_diff(result.code_before, result.code_after, width=width))
     return "\n\n".join(parts)

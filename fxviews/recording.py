@@ -15,7 +15,9 @@ first *records*:
    arguments are the nodes that produced them, found by tensor identity; a tensor the trace
    did not produce and whose storage it does not know is a constant (a closed-over parameter)
    held by the graph module by reference, as make_fx holds it. In-place ops return their
-   argument, which then stands for the in-place node, as in make_fx.
+   argument, which then stands for the in-place node, as in make_fx. What autograd does above
+   the dispatcher is kept or refused by the watch the recording runs under (Note [What autograd
+   sees is part of the trace]): a call it keeps as one node runs :meth:`OpRecorder.unrecorded`.
 2. **Exact layouts for free.** Real results carry their true sizes, strides and storage
    offsets, so each node's ``meta["val"]`` is a FakeTensor of that exact layout over a meta
    storage shared by exactly the results that share a real storage (the engine reads aliasing
@@ -50,6 +52,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.autograd_structure import AutogradWatch
 from fxviews.composite_calls import CompositeCalls
 from fxviews.passes.source_lines import note_user_frames
 from fxviews.passes.torch_internals import (
@@ -100,14 +103,15 @@ def record(
         ['aten.t.default', 'aten.sin.default']
     """
     recorder = OpRecorder(args, mode)
+    autograd = AutogradWatch(recorder)  # Note [What autograd sees is part of the trace]
     active = _ACTIVE.set(recorder)
     try:
         # Note [Composite calls in a recording]: linear and matmul recorded whole.
         with ValueReads(), CompositeCalls(recorder), recorder:
-            outputs = call(*args)
+            outputs = autograd.run(call, *args)
     finally:
         _ACTIVE.reset(active)
-    return recorder.graph_module(outputs)
+    return autograd.finish(recorder.graph_module(outputs))
 
 
 #: The recorder running on this thread (for :func:`recorded_node`).
@@ -238,53 +242,81 @@ class OpRecorder(TorchDispatchMode):
         self._storages: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self._traced_storages: set[int] = set()
         self._constants: dict[str, torch.Tensor] = {}
-        self._paused = 0  # > 0 inside a composite call recorded whole
+        self._unrecorded = 0  # depth of unrecorded() blocks
         for position, tensor in enumerate(inputs):
             node = self.graph.placeholder(f"arg{position}_1")
             self._track(tensor, node)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if self._paused:  # inside a composite call recorded whole
-            return func(*args, **kwargs)
         if func is efficient_zero_tensor:
             raise NotRecordable("forward AD made a zero tangent")
         if reads_values_into_shape(func, args):
             raise NotRecordable(f"it calls {func}, whose result depends on tensor values")
-        node_args = _map_arguments(self._node_of, args)
-        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
-        out = func(*args, **kwargs)
+        if self._unrecorded:  # inside a call kept as one node: checked, its memory known
+            out = func(*args, **kwargs)
+            self._traced_storages.update(
+                storage_identity(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            )
+        else:
+            node_args = _map_arguments(self._node_of, args)
+            node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+            out = func(*args, **kwargs)
         if not shaped_by_metadata(func, args, kwargs, out):
             raise NotRecordable(f"it calls {func}, which fake mode cannot run on metadata alone")
+        if self._unrecorded:
+            return out
         node = self.graph.call_function(func, tuple(node_args), node_kwargs)
         note_user_frames(node)  # the user's source line, for messages about kept nodes
+        self._bind_result(node, out)
+        return out
+
+    @contextlib.contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Run ops without recording them (still refusing what a recording refuses): the work
+        of a call that :meth:`record_call` keeps as one node."""
+        self._unrecorded += 1
+        try:
+            yield
+        finally:
+            self._unrecorded -= 1
+
+    def record_call(
+        self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
+        autograd.Function kept as itself: Note [What autograd sees is part of the trace]; a
+        composite call: Note [Composite calls in a recording])."""
+        node_args = _map_arguments(self._node_of, tuple(args))
+        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+        self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
+
+    def _bind_result(self, node: torch.fx.Node, out: Any) -> None:
         if isinstance(out, torch.Tensor):
             self._track(out, node)
         elif isinstance(out, (tuple, list)):
             node.meta["val"] = type(out)(self._track_item(node, i, o) for i, o in enumerate(out))
         else:
             node.meta["val"] = out
-        return out
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Run ops without recording them (the decomposition of a call recorded whole)."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
+    def record_new_result(
+        self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """:meth:`record_call` for a call whose schema returns new memory (a composite call kept
+        whole); refused where ``out`` is not one tensor of memory none of its arguments holds."""
+        arguments = {
+            storage_identity(leaf)
+            for leaf in pytree.tree_leaves((args, kwargs))
+            if isinstance(leaf, torch.Tensor)
+        }
+        if not isinstance(out, torch.Tensor) or storage_identity(out) in arguments:
+            raise NotRecordable(f"{target} returned memory one of its arguments holds")
+        self.record_call(target, args, kwargs, out)
 
-    def record_whole(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
-        """Record ``op(*args, **kwargs)``, run while paused, as one node that made ``out``."""
-        if not isinstance(out, torch.Tensor) or storage_identity(out) in self._traced_storages:
-            raise NotRecordable(f"{op} returned memory the trace already had")
-        node = self.graph.call_function(
-            op,
-            tuple(_map_arguments(self._node_of, args)),
-            {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()},
-        )
-        self._track(out, node)
+    @property
+    def recording(self) -> bool:
+        """Whether ops run now are recorded (not inside an :meth:`unrecorded` block)."""
+        return self._unrecorded == 0
 
     def node_made_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
         """The node recorded for ``tensor``, None if the recording has not seen it."""
@@ -300,6 +332,16 @@ class OpRecorder(TorchDispatchMode):
         self._alive.clear()
         self._storages.clear()
         return gm
+
+    def node_for(self, tensor: torch.Tensor) -> torch.fx.Node:
+        """The node standing for ``tensor`` (a constant's ``get_attr`` the first time)."""
+        return self._node_of(tensor)
+
+    def rebind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
+        """Make ``node`` (added to :attr:`graph` by the caller) stand for ``tensor``, a result of
+        an op recorded already: later ops read it through ``node`` (Note [Layout decisions at
+        run time])."""
+        self._bind(tensor, node)
 
     def _track_item(self, node: torch.fx.Node, index: int, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.torch_internals import OpOverload, local_scalar_dense, op_schema, pytree
 
 __all__ = ["keep_item_values_as_tensors"]
@@ -108,7 +109,9 @@ def _same_result_with(
     expected = user.meta.get("val")
     try:
         result = user.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - any failure keeps the number (Note, step 3)
+    except Exception as err:  # noqa: BLE001 - any failure keeps the number (Note, step 3)
+        # Fake values run no kernel; a real constant among the arguments does, on its device.
+        raise_if_device_failed(err, devices_of(values), f"{user.name}'s kernel")
         return False
     if not isinstance(expected, torch.Tensor) or not isinstance(result, torch.Tensor):
         return False

@@ -27,9 +27,13 @@ Note [One tracing path]
    wrote outside its own tensors (closed-over buffers) and leaves the random number generator
    as it was. Real mode records every view at storage offset 0, so the exact layouts are then
    recomputed by fake-propagating the graph from fake inputs with the examples' layouts.
-4. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
+4. **What autograd sees is part of the trace.** Every path runs ``fn`` under an
+   :class:`~fxviews.autograd_structure.AutogradWatch` (Note [What autograd sees is part of the
+   trace]): grad-mode regions and custom autograd.Functions are kept in the graph, and what a
+   graph cannot keep is a :class:`TracingError` of cause ``"autograd"``, on every path alike.
+5. **Nothing leaks.** Every attempt runs inside :func:`preserved_torch_state`: a failed trace
    leaves PyTorch's thread-local dispatch state, mode stacks and transform levels as they were.
-5. **The user's own errors are theirs.** An exception ``fn``'s own code raises (a ``raise`` or
+6. **The user's own errors are theirs.** An exception ``fn``'s own code raises (a ``raise`` or
    ``assert`` statement in it: :func:`raised_by_user_code`) while it is recorded or traced
    propagates unchanged, as it would from an eager call, whatever the mode. Only failures inside
    PyTorch's ops and tracers are classified (steps 2 and 3).
@@ -51,10 +55,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fxviews.arguments import check_flags
+from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_like
+from fxviews.call_layouts import fake_sample, real_sample, sample_bytes
 from fxviews.failure_messages import Failure, describe, instruction_at, user_line
 from fxviews.graph_rewriting import TRACED_WITH
+from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.layout_truth import REAL_LAYOUTS
 from fxviews.passes.random_state import forked_rng
 from fxviews.passes.source_lines import internal_frame
@@ -62,7 +70,6 @@ from fxviews.passes.torch_internals import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
-    FakeTensorDeviceMismatchError,
     FakeTensorMode,
     GuardOnDataDependentSymNode,
     ShapeEnv,
@@ -132,8 +139,10 @@ class TracingError(FxViewsError):
     ``"data-dependent shape"`` (a size or Python number computed from tensor values),
     ``"reads tensor values"`` (``.numpy()``, ``tolist``, found by ``transform``'s recording, or
     ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
-    transformed tensor"``, ``"lazy module"`` (parameters not created yet) or ``"untraceable"``
-    (an op neither fake nor real tracing could run).
+    transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
+    hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
+    module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real
+    tracing could run).
 
     Example::
 
@@ -157,6 +166,7 @@ EAGER_CAUSES = frozenset(
         "data-dependent shape",
         "reads tensor values",
         "closure over a transformed tensor",
+        "autograd",
     }
 )
 
@@ -221,7 +231,7 @@ def trace(
 
         >>> gm = fxviews.trace(lambda x: x.t().contiguous(), torch.randn(2, 3))
         >>> [n.target for n in gm.graph.nodes if n.op == "call_function"]
-        [aten.t.default, aten.clone.default]
+        [aten.t.default, aten.contiguous.default]
     """
     if not callable(fn):
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
@@ -242,21 +252,25 @@ def capture(
     """make_fx ``fn(*args)``: fake mode, else real mode where fake mode falls short (see Note).
 
     ``fresh=False`` traces on the tensors' own layouts (``args`` are the examples);
-    ``fresh=True`` on fresh contiguous tensors of their logical shapes, dtypes and devices
-    (``args`` may then be wrapped by enclosing transforms; only their metadata, and their
+    ``fresh=True`` on fresh tensors of their logical shapes, dtypes and devices, contiguous
+    where vmap batches them and of their own layout otherwise (Note [The layout of a call];
+    ``args`` may then be wrapped by enclosing transforms; only their metadata, and their
     values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
     messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
-    call = _positional(fn, len(args))
+    call = deciding_at_run_time(_positional(fn, len(args)))
     memory_read = None  # the recording's error where it saw fn read tensor memory from Python
     with tracing_lock, _capturing():
         if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
-                gm = _record_on_a_sample(call, args)
+                gm = drop_decompositions(_record_on_a_sample(call, args))
                 gm.meta[TRACED_WITH] = RECORDED
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
+            except NotKept as err:  # the same in fake mode: no graph keeps it
+                raise _autograd_not_kept(err, caller, name) from err
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
+                raise_if_device_failed(err, devices_of(list(args)), f"recording {name}")
                 if raised_by_user_code(err):
                     raise
                 memory_read = err if isinstance(err, ReadsMemory) else None
@@ -264,15 +278,27 @@ def capture(
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
         try:
-            with preserved_torch_state(), _BranchDetector(), _quiet_fake_tensor_log():
+            with (
+                preserved_torch_state(),
+                _BranchDetector(),
+                _quiet_fake_tensor_log(),
+                internals.traceable_jacobian_basis(),
+            ):
                 # A graph transform caches must not bake in a closed-over tensor's value;
                 # trace and explain give the graph of this call, values included, as make_fx.
                 guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
-                gm = traced_under_guard(lambda f: _make_fx(f, "fake")(*fake_args), call, guard)
+                autograd = AutogradWatch()  # Note [What autograd sees is part of the trace]
+                gm = traced_under_guard(
+                    lambda f: _make_fx(f, "fake")(*fake_args), autograd.wrap(call), guard
+                )
+                autograd.finish(gm)
             _check_no_meta_leak(gm)
+            gm = drop_decompositions(gm)
             gm.meta[TRACED_WITH] = FAKE_MODE
             return gm
         except Exception as err:  # noqa: BLE001 - classified below; the unknown are re-raised
+            # Fake mode runs ops on real constants (closed-over tensors) for real.
+            raise_if_device_failed(err, devices_of(list(args)), f"tracing {name} in fake mode")
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
         if memory_read is not None and not _is_fake_mode_limitation(fake_error):
@@ -285,7 +311,9 @@ def capture(
                 f"{type(fake_error).__name__}: {first_line(fake_error)}",
                 "untraceable",
             ) from fake_error
-        gm = _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+        gm = drop_decompositions(
+            _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+        )
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
 
@@ -313,7 +341,7 @@ RECORDING_LIMIT_BYTES = 64 * 2**20
 def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
     """Whether one sample of ``args`` (their logical shapes) is small enough to record."""
     size = sum(
-        leaf.numel() * leaf.element_size()
+        sample_bytes(leaf)
         for leaf in pytree.tree_leaves(list(args))
         if isinstance(leaf, torch.Tensor)
     )
@@ -432,14 +460,16 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
 
 
 def _fake_examples(args: Sequence[Any], mode: FakeTensorMode, fresh: bool) -> list[Any]:
-    """Fake tensors for ``args``: fresh contiguous ones, or copies of their exact layouts."""
+    """Fake tensors for ``args``: fresh ones (Note [The layout of a call]), or copies of their
+    exact layouts."""
 
     def convert(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         if fresh:
+            sample = fake_sample(value, mode)
             with mode:
-                return torch.empty(value.shape, dtype=value.dtype, device=value.device)
+                return requiring_grad_like(sample, value)
         if isinstance(value, FakeTensor) and value.fake_mode is mode:
             return value
         # from_tensor keeps sizes, strides, storage offset, and aliasing between arguments.
@@ -479,6 +509,8 @@ class _BranchDetector(TorchFunctionMode):
 def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
     """Raise a :class:`TracingError` for failures no tracing mode can get around, said in the
     terms of the user's code (Note [Messages in the user's terms])."""
+    if isinstance(err, NotKept):
+        raise _autograd_not_kept(err, caller, name) from err
     if isinstance(err, FxViewsError) or raised_by_user_code(err):
         raise err
     found = _failure_of(err)
@@ -507,6 +539,14 @@ def _failure_of(err: Exception) -> tuple[Failure, str] | None:
     if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
         return Failure.WRAPPED_CLOSURE, "closure over a transformed tensor"
     return None
+
+
+def _autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
+    return TracingError(
+        f"{caller} could not trace {name}: it uses {err}. A graph of its aten ops would give "
+        f"other gradients than autograd does (Note [What autograd sees is part of the trace]).",
+        "autograd",
+    )
 
 
 class _MetaDeviceLeak(RuntimeError):
@@ -549,7 +589,7 @@ def _is_fake_mode_limitation(err: Exception) -> bool:
     An allowlist, not a guess: any other failure (``.numpy()``, say, which a real trace would
     turn into a constant of the example's values) must not reach real mode.
     """
-    if isinstance(err, (FakeTensorDeviceMismatchError, _MetaDeviceLeak)):
+    if isinstance(err, _MetaDeviceLeak) or internals.is_fake_device_mismatch(err):
         return True  # forward AD's zero tangents through layer_norm/batch_norm
     text = str(err)
     # Forward AD's _fw_primal/_make_dual reach their inference-only native stubs on fakes.
@@ -574,11 +614,18 @@ def _capture_real(
     guard = TraceGuard(real_args, refuse_data_dependent=True)
     try:
         with preserved_torch_state(), forked_rng(list(args)):
-            gm = traced_under_guard(lambda f: _make_fx(f, "real")(*real_args), call, guard)
+            autograd = AutogradWatch()
+            gm = traced_under_guard(
+                lambda f: _make_fx(f, "real")(*real_args), autograd.wrap(call), guard
+            )
+            autograd.finish(gm)
+    except NotKept as err:
+        raise _autograd_not_kept(err, caller, name) from err
     except DataDependentOp as err:
         message = describe(Failure.VALUE_SHAPED_OUTPUT, caller, name, err, op=err.func)
         raise TracingError(message, "data-dependent shape") from err
     except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
+        raise_if_device_failed(err, devices_of(real_args), f"tracing {name} in real mode")
         raise TracingError(
             f"{caller} could not trace {name} in fake mode ({type(fake_error).__name__}: "
             f"{first_line(fake_error)}) nor in real mode ({type(err).__name__}: "
@@ -602,7 +649,7 @@ def _real_examples(args: Sequence[Any], fresh: bool) -> list[Any]:
             return value
         sample = _plain_sample(value)
         if fresh:
-            return sample.detach().clone(memory_format=torch.contiguous_format)
+            return requiring_grad_like(real_sample(value, sample), value)
         if sample is not value:  # fake or meta: no values to copy
             return sample.requires_grad_() if value.requires_grad else sample
         storage = value.untyped_storage()
@@ -669,6 +716,7 @@ def _recompute_layouts(
             finally:
                 guard.restore_foreign_writes()
     except Exception as err:  # noqa: BLE001 - any failure leaves the layouts unknown
+        raise_if_device_failed(err, devices_of(flat), f"recomputing the layouts of {name}")
         raise TracingError(
             f"{caller} traced {name} in real mode but could not recompute the exact layouts of "
             f"its graph in fake mode ({type(err).__name__}: {first_line(err)})",

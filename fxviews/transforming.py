@@ -14,19 +14,24 @@ cache hit for such a call costs as little as the checks it must make. It is writ
 
 1. **The hot call.** The cache remembers the entry the last call of positional tensors ran
    (``_GraphCache.hot``), with a C++ check that tensors are of the kind that call passed
-   (:func:`fxviews.guards.same_kind_check`, Dynamo's ``TensorGuards``: type, dispatch keys,
-   dtype, device, ``requires_grad``, sizes; ~80 ns a tensor). A call whose tensors pass it
-   has that entry's signature, since the check is stricter than the key below, and needs
-   no key, hash or lookup: ~1.1 us over the graph's own call in all (bench row 5), against
-   ~2.2 us with the key.
+   (:func:`fxviews.call_layouts.hot_check`, Dynamo's ``TensorGuards``: type, dispatch keys,
+   dtype, device, ``requires_grad``, sizes, strides of the tensors no vmap batches; ~80 ns a
+   tensor). A call whose tensors pass it has that entry's signature, since the check is
+   stricter than the key below, and needs no key, hash or lookup: ~1.1 us over the graph's
+   own call in all (bench row 5), against ~2.2 us with the key.
 2. **The key.** Any other call of positional tensors is keyed by the tuple of each tensor's
-   ``(shape, dtype, device)`` (~0.35 us a tensor) and looked up; the entry it finds becomes
-   the hot one. Where that entry was already hot, the call's tensors differ from the
-   checked ones only in what the key leaves out (``requires_grad``, a subclass): the check
-   is remade from them (~1.5 us, once per change of kind). Every other call (keywords,
-   non-tensor or nested arguments) takes the general key, pytree spec plus leaf keys
+2. **The key.** Any other call of positional tensors is keyed by the tuple of each tensor's
+   ``(shape, dtype, device, requires_grad, strides)`` (the strides of the sample it is traced
+   on: Note [The layout of a call]; requires_grad: the trace's tensors require grad where the
+   call's do, Note [What autograd sees is part of the trace]; ~0.5 us a tensor) and looked up;
+   the entry it finds becomes the hot one. Where that entry was already hot, the call's
+   tensors differ from the checked ones only in what the key leaves out (a subclass, dispatch
+   keys, a direct call's strides against a batched one's): the check is remade from them
+   (~1.5 us, once per change of kind). Every other call (keywords, non-tensor or nested
+   arguments) takes the general key, pytree spec plus leaf keys
    (:meth:`_GraphCache.lookup`), and never becomes hot; the two kinds of key never compare
-   equal, since a TreeSpec is not a ``(shape, dtype, device)`` triple.
+   equal, since a TreeSpec is not such a tuple. A graph that reads an argument's memory by
+   position is also held to its storage offset, checked with the key and in the hot check.
 3. **The state.** A key maps to the entries traced for it, most recently used first; each
    entry holds the guard of the state it was traced in (Note [The state a graph bakes in]:
    process state and module modes). A hit is that guard passing (~0.2 us, and ~50 ns per
@@ -45,7 +50,7 @@ cache hit for such a call costs as little as the checks it must make. It is writ
    bindings where proven the same call, its constants read from the module's instance dict,
    and what it computes from no input computed once (Notes [Calling ops through their Python
    bindings] and [Results that depend on no input]): about a microsecond less per op, which
-   on small programs under ``vmap`` is the difference to eager (bench row 11).
+   on small programs under ``vmap`` is the difference to eager (bench row 12).
 
 Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
 are the logical per-sample ones, read in C++ like a plain tensor's; the hot call's check,
@@ -82,6 +87,16 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from fxviews.arguments import check_flags
+from fxviews.autograd_structure import restoring_grad_mode
+from fxviews.call_layouts import (
+    Offsets,
+    hot_check,
+    is_batched,
+    layout_key,
+    offset_bound_inputs,
+    offsets_hold,
+    offsets_of,
+)
 from fxviews.failure_messages import definition_line
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
@@ -89,13 +104,10 @@ from fxviews.guards import (
     StateGuard,
     reachable_objects,
     read_training,
-    same_kind_check,
     uninitialized_lazy_modules,
 )
 from fxviews.passes.torch_internals import (
     disable_current_modes,
-    get_unwrapped,
-    is_batchedtensor,
     is_functorch_wrapped_tensor,
     pytree,
     run_outside_dynamo,
@@ -161,20 +173,25 @@ def transform(
     """Return a function that computes ``fn`` with a traced graph free of layout-baked as_strided.
 
     On every call the arguments' signature (pytree structure; each tensor's logical shape,
-    dtype and device; every other value) and the state eager PyTorch would read afresh (grad
-    mode, autocast, the default dtype and the rest of the process state ``torch.compile``
-    guards on; the ``training`` flag of every module ``fn`` reaches: see *Guards* in the
-    README) select a cached graph. On a miss, ``fn`` is traced on fresh contiguous tensors of
-    those shapes in that state, outside any enclosing ``torch.func`` transform; its
+    dtype, device, ``requires_grad`` and traced strides; every other value) and the state
+    eager PyTorch would read afresh (grad mode, autocast, the default dtype and the rest of the
+    process state ``torch.compile`` guards on; the ``training`` flag of every module ``fn``
+    reaches: see *Guards* in the README) select a cached graph. On a miss, ``fn`` is traced on
+    fresh tensors of those shapes in that state (each sample of a batched argument contiguous,
+    any other argument in its own layout: Note [The layout of a call]; requiring grad where
+    the call's do: see docs/autograd.md), outside any enclosing ``torch.func`` transform; its
     ``as_strided`` nodes are rewritten into view ops by :func:`fxviews.rewrite`, dead nodes
     are dropped, and the graph is cached (``cache_size`` entries, least recently used first
-    out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``,
-    ``grad``, ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their compositions applied
-    around the result see plain aten ops and are right for any memory layout, for example a
-    batch dim that is not first in memory. ``fn`` may itself use ``torch.func`` transforms.
+    out). The graph then runs on the actual arguments, so ``vmap``, ``jvp``, ``grad``,
+    ``vjp``, ``jacfwd``, ``jacrev``, ``hessian`` and their compositions applied around the
+    result see plain aten ops and are right for any memory layout, for example a batch dim
+    that is not first in memory. ``fn`` may itself use ``torch.func`` transforms.
 
     Each ``as_strided`` in ``fn`` (written by you or emitted by forward AD/autograd) is read
-    relative to the layout its input had when traced: fresh and contiguous.
+    relative to the layout its input had when traced: the argument's own where it is called
+    directly (eager's numbers), a contiguous sample's under ``vmap``. ``reshape``, ``flatten``,
+    ``contiguous()`` and their kin decide view or copy when the graph runs (Note [Layout
+    decisions at run time]).
 
     Tracing records ``fn``'s ops on one sample's real values (one per-sample eager call of
     compute), and goes on to fake mode wherever values could leave the graph (``.item()``,
@@ -275,7 +292,8 @@ def explain(fn: Callable[..., Any], *args: Any, strict: bool = False) -> Rewrite
 
     For debugging: print the result to see every as_strided node, what it became and why, and
     the diff of the graph code. The trace reads ``args`` as they are, layout included (unlike
-    :func:`transform`, which traces fresh contiguous tensors); call it outside ``torch.func``
+    :func:`transform`, which traces each batched sample as a fresh contiguous tensor); call it
+    outside ``torch.func``
     transforms.
 
     Example::
@@ -308,10 +326,13 @@ class _Entry:
     # The cache clock's tick at the last call that used this entry (Note [The cached call]).
     last_used: int = 0
     # For the hot call: how many positional tensors it takes, and the C++ check that a call's
-    # tensors are of the kind it last ran on (guards.same_kind_check); unset until a call
+    # tensors are of the kind it last ran on (call_layouts.hot_check); unset until a call
     # with positional tensors only runs it.
     arity: int = -1
     same_kind: Callable[..., bool] | None = None
+    # The storage offsets of graph inputs the graph reads memory of by position (Note [The
+    # layout of a call]): a call at other offsets needs another graph.
+    offsets: Offsets = ()
 
 
 class _GraphCache:
@@ -345,7 +366,7 @@ class _GraphCache:
         caller's to check. Counts no hit."""
         key = _positional_key(args)
         traced = self.entries.get(key) if key is not None else None
-        if not traced or traced[0].forward is None:
+        if not traced or traced[0].forward is None or not offsets_hold(args, traced[0].offsets):
             return None
         self._make_hot(traced[0], args)
         return traced[0]
@@ -354,7 +375,7 @@ class _GraphCache:
         # A hot entry reached again by the key failed its check: these tensors are of another
         # kind (requires_grad, dispatch keys) than the ones it was checked against.
         if entry.same_kind is None or entry is self.hot:
-            entry.same_kind = same_kind_check(args)
+            entry.same_kind = hot_check(args, entry.offsets)
             entry.arity = len(args)
         self.hot = entry
 
@@ -399,7 +420,7 @@ class _GraphCache:
         run it on. Raises :class:`_TraceLater` where ``fn`` cannot be traced now but may be
         later, and the TypeError of a call ``fn``'s signature does not accept."""
         if key is not None:
-            entry = self._get(key)
+            entry = self._get(key, args)
             if entry is None:
                 _check_arguments(self.fn, args, kwargs)
                 entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
@@ -407,24 +428,25 @@ class _GraphCache:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
         key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
-        entry = self._get(key)
+        entry = self._get(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
         if entry is None:
             _check_arguments(self.fn, args, kwargs)
             entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
         return entry, [leaves[i] for i in entry.input_positions]
 
-    def _get(self, key: Any) -> _Entry | None:
-        """The entry of ``key`` whose guard passes now (a hit), moved first in its list."""
-        entry = self._passing(key)
+    def _get(self, key: Any, tensors: Sequence[Any]) -> _Entry | None:
+        """The entry of ``key`` whose guard passes now for ``tensors`` (a hit), moved first in
+        its list."""
+        entry = self._passing(key, tensors)
         if entry is not None:
             self.hits += 1
             entry.last_used = next(self.clock)
         return entry
 
-    def _passing(self, key: Any) -> _Entry | None:
+    def _passing(self, key: Any, tensors: Sequence[Any]) -> _Entry | None:
         traced = self.entries.get(key, [])
         for position, entry in enumerate(traced):
-            if entry.guard.check():
+            if entry.guard.check() and offsets_hold(tensors, entry.offsets):
                 if position:
                     traced.insert(0, traced.pop(position))
                 return entry
@@ -434,7 +456,7 @@ class _GraphCache:
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> _Entry:
         with tracing_lock:
-            entry = self._passing(key)
+            entry = self._passing(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
             if entry is not None:  # built by another thread while this one waited
                 return entry
             if key in self.entries:  # traced for this signature, in another state
@@ -547,12 +569,15 @@ class _GraphCache:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             tensors = [leaves[i] for i in positions]
             gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
+            offsets = offsets_of(tensors, offset_bound_inputs(gm))
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict, bind_calls=True)
         guard.watch(calls.modules)
         report_rewrite(result, source=f"transform({name})")
-        forward = result.graph_module.forward
+        # A call that raises inside a grad-mode region leaves the caller's mode as fn's `with`
+        # would (Note [What autograd sees is part of the trace]).
+        forward = restoring_grad_mode(result.graph_module.forward, result.graph_module.graph)
         if _has_dynamic_output_shape(result.graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         return _Entry(
@@ -563,6 +588,7 @@ class _GraphCache:
                 out_info["spec"], out_info["from_graph"], out_info["constants"]
             ),
             keepalive=keepalive,
+            offsets=offsets,
         )
 
 
@@ -634,22 +660,13 @@ def _eager_when_batched(
     """
 
     def run(*tensors: Any) -> list[Any]:
-        if not any(_is_batched(t) for t in tensors):
+        if not any(is_batched(t) for t in tensors):
             return forward(*tensors)
         # Eager torch.func is not thread-safe: eager calls hold the tracing lock (_GraphCache.call).
         with tracing_lock:
             return flat_fn(*tensors)
 
     return run
-
-
-def _is_batched(tensor: Any) -> bool:
-    """Whether ``tensor`` is batched by a ``vmap`` at any level of the transforms around it."""
-    while isinstance(tensor, torch.Tensor) and is_functorch_wrapped_tensor(tensor):
-        if is_batchedtensor(tensor):
-            return True
-        tensor = get_unwrapped(tensor)
-    return False
 
 
 def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -661,8 +678,10 @@ def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
-    # torch.Size hashes and compares as the tuple of its sizes.
-    return (tensor.shape, tensor.dtype, tensor.device)
+    # torch.Size hashes and compares as the tuple of its sizes. requires_grad: the trace's
+    # tensors require grad where the call's do (Note [What autograd sees is part of the trace]).
+    # The layout: Note [The layout of a call].
+    return (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad, layout_key(tensor))
 
 
 def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:

@@ -10,7 +10,8 @@ its copy?). They share this one analysis:
 1. Alias edges: a node is linked to every argument its schema says its result aliases (views,
    in-place ops and ``out=`` variants return an alias; ``getitem`` of an aliasing list too).
    Calls the analysis cannot read (not an aten overload) are assumed to alias and write every
-   input: they are *opaque*.
+   input: they are *opaque*, and so is each result ``getitem`` picks from one (a custom
+   autograd.Function kept as one node may return a view of its input).
 2. Alias classes: union-find over the edges (path halving). Two nodes of different classes never
    share memory.
 3. Writes: every argument whose schema alias annotation ``is_write`` is a write to its class, at
@@ -215,9 +216,11 @@ def aliased_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The argument nodes whose memory ``node``'s result may share."""
     if is_opaque(node):
         return argument_nodes((node.args, node.kwargs))
-    if node.target is operator.getitem:
+    if node.target is operator.getitem:  # a result of an aliasing, or opaque, call aliases it
         source = node.args[0]
-        return [source] if isinstance(source, torch.fx.Node) and _returns_alias(source) else []
+        if isinstance(source, torch.fx.Node) and (_returns_alias(source) or is_opaque(source)):
+            return [source]
+        return []
     if not _returns_alias(node):
         return []
     return _argument_nodes_at(node, _alias_annotations(node.target).aliased)

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
+from .device_faults import devices_of, raise_if_device_failed
 from .errors import FxViewsError
 from .torch_internals import FakeTensorMode, graph_pytree_info
 
@@ -86,6 +87,8 @@ def ensure_metadata(
             mode.cache_enabled = False
             internals.FakeTensorProp(gm, mode=mode).propagate(*example_inputs)
         except (RuntimeError, TypeError, ValueError, IndexError) as err:
+            # Fake mode runs ops on the module's real constants for real: the device may fail.
+            raise_if_device_failed(err, devices_of(list(example_inputs)), "FakeTensorProp")
             # What ops raise on arguments that do not fit them: the inputs do not fit the graph.
             raise FxViewsError(
                 f"could not compute tensor metadata for the graph from example_inputs: {err}"

@@ -37,6 +37,12 @@ TORCH_LEVEL_AS_STRIDED: dict[Any, OpOverload] = {
     "as_strided_scatter": aten.as_strided_scatter.default,
 }
 
+#: The aten ops fxviews' tracer records for a Python call that decides view or copy by its
+#: input's layout (Note [Layout decisions at run time] in fxviews/layout_decisions.py).
+LAYOUT_DECIDING_OPS = frozenset(
+    {aten.reshape.default, aten.ravel.default, aten.contiguous.default, aten.to.dtype_layout}
+)
+
 #: In-place ops that change a tensor's sizes/strides (its metadata) rather than its values.
 METADATA_MUTATIONS = {
     aten.as_strided_.default,

@@ -41,6 +41,14 @@ moves the batch dim to the front, so every sample is contiguous; ``permute(p)``,
    on any layout) reads the pinned buffer instead, when that buffer is its whole storage:
    ``as_strided`` addresses the storage, so it reads the same elements.
 
+A call that decides view or copy by its input's layout (``reshape``, ``contiguous``, ...,
+kept as the user wrote it by fxviews' tracer: ``meta[LAYOUT_DECISION]``, Note [Layout decisions
+at run time]) is layout-bound where its choice is observable (its memory is written afterwards,
+or returned aliasing an input) and its memory is a buffer the graph makes: under ``vmap`` vmap's
+rules lay out such a buffer otherwise than eager lays out one sample's, so the buffer is pinned
+as above and the call decides as on one sample. Over a graph input the caller's layout decides,
+as in eager: nothing is done.
+
 Kept ``as_strided_`` and ``as_strided_scatter`` are not pinned: torch's vmap gets the first
 wrong and refuses the second on every layout. They are kept, with that reason.
 
@@ -113,6 +121,11 @@ LAYOUT_KERNELS: dict[Any, str] = {
     pdist_forward: "raises: _pdist_forward requires contiguous input",
     pdist_backward: "raises: _pdist_backward requires self to be contiguous",
 }
+
+#: ``node.meta`` key fxviews' tracer puts on a layout-deciding call it kept as its aten op: what
+#: the traced layout gave, a kind and the op, e.g. ``("a view of its input", "view(x, [32])")``
+#: (Note [Layout decisions at run time] in fxviews/layout_decisions.py).
+LAYOUT_DECISION = "fxviews_layout_decision"
 
 #: Views that fail when they merge dims the layout does not let them merge.
 _MERGING_VIEWS = (aten.view.default, unsafe_view)
@@ -234,7 +247,8 @@ class LayoutPinning(RecordingPass):
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         graph = graph_module.graph
         bound = [(n, why) for n in graph.nodes if (why := layout_dependence(n)) is not None]
-        if not bound:
+        decided = [n for n in graph.nodes if LAYOUT_DECISION in n.meta]
+        if not bound and not decided:
             return RecordedPassResult(graph_module, False)
         analysis = AliasAnalysis(graph)
         pins: dict[torch.fx.Node, _Pin | str] = {}  # origin -> its pin, or why it has none
@@ -244,6 +258,10 @@ class LayoutPinning(RecordingPass):
             if node.target in LAYOUT_KERNELS:
                 kernels.append((node, why))
             else:
+                planned.append(_plan_node(node, why, analysis, pins))
+        for node in decided:
+            why = _observed_decision(node, analysis)
+            if why is not None:
                 planned.append(_plan_node(node, why, analysis, pins))
         records = [record for record, _ in planned]
         # Only buffers of pinned nodes: a node kept for another origin needs no copy.
@@ -297,6 +315,18 @@ def _plan_node(
         after += f"; reads {origins[0].name} itself"
         reason += ", and it reads that whole buffer, not just its input"
     return _pinned(node, before, after, reason), origins
+
+
+def _observed_decision(node: torch.fx.Node, analysis: AliasAnalysis) -> str | None:
+    """Why a layout-deciding call (see the Note) needs its buffer's traced layout, or None: its
+    choice is not observable, or its memory is a graph input, whose layout decides as in eager."""
+    observed = analysis.why_observed(node)
+    source = node.args[0]
+    if observed is None or not isinstance(source, torch.fx.Node):
+        return None
+    if any(n.op in ("placeholder", "get_attr") for n in analysis.ancestry(source)):
+        return None
+    return f"decides view or copy by its input's layout, and {observed}"
 
 
 def _kept(node: torch.fx.Node, before: str, reason: str) -> Record:

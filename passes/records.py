@@ -28,7 +28,9 @@ from .torch_internals import PassBase, PassResult
 #: How a node was handled. "kept" means the node is still in the graph as it was (for a
 #: layout-bound node: its layout could not be pinned); "pinned" that a layout-bound node now
 #: gets its traced layout at run time; "reclone" that a clone overwritten by a ``copy_`` now
-#: clones the ``copy_``'s source; "copied" that a model's own ``unfold`` is now copies.
+#: clones the ``copy_``'s source; "copied" that a model's own ``unfold`` is now copies;
+#: "runtime" that a call deciding view or copy by layout (``reshape``, ``contiguous``) is the
+#: user's call, deciding when the graph runs, not the view or copy its trace decided.
 METHODS = (
     "provenance",
     "synthesized",
@@ -39,6 +41,7 @@ METHODS = (
     "pinned",
     "reclone",
     "copied",
+    "runtime",
     "kept",
 )
 
@@ -53,7 +56,8 @@ class RecordKind(enum.Enum):
     #: ``as_strided_scatter``): AsStridedToViews.
     AS_STRIDED = "as_strided"
     #: A view that bakes in its input's layout (``view``, ``_unsafe_view``, ``_reshape_alias``,
-    #: ``view_as_complex``): ViewToReshape.
+    #: ``view_as_complex``): ViewToReshape; and a call that decides view or copy by layout,
+    #: recorded as itself by fxviews' tracer (method "runtime").
     VIEW = "view"
     #: Any node that still depends on a layout seen at trace time: LayoutPinning.
     LAYOUT_BOUND = "layout-bound node"

@@ -28,13 +28,13 @@ from types import FrameType
 
 import torch.fx
 
-from .op_tables import AS_STRIDED_OPS
+from .op_tables import AS_STRIDED_OPS, LAYOUT_DECIDING_OPS
 from .torch_internals import reshape_alias
 
 #: Top-level modules whose frames are the machinery between the user's code and an op.
 _INTERNAL_MODULES = frozenset({"torch", "functorch", "fxviews", "contextlib", "functools", "runpy"})
 #: The nodes whose stack a tracer without stacks records: those messages are about.
-NOTED_OPS = frozenset({*AS_STRIDED_OPS, reshape_alias})
+NOTED_OPS = frozenset({*AS_STRIDED_OPS, reshape_alias, *LAYOUT_DECIDING_OPS})
 #: How many of the user's innermost frames a recorded stack keeps.
 MAX_FRAMES = 8
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>[^\n]+)')
@@ -96,7 +96,26 @@ def source_line(node: torch.fx.Node) -> str | None:
     if not frames:
         return None
     file, line, name = frames[-1]
-    return f"{short_path(file)}:{line}, in {name.strip()}"
+    return format_frame(file, line, name.strip())
+
+
+def calling_user_line() -> str | None:
+    """``file:line, in function`` of the innermost user frame on the stack now, or None.
+
+    Example::
+
+        >>> def model_step():
+        ...     return calling_user_line()
+        >>> model_step()  # doctest: +SKIP
+        'train.py:2, in model_step'
+    """
+    frames = user_frames(inspect.currentframe())
+    return format_frame(*frames[-1]) if frames else None
+
+
+def format_frame(file: str, line: int | str, name: str) -> str:
+    """``file:line, in name``, the file relative to the working directory when below it."""
+    return f"{short_path(file)}:{line}, in {name}"
 
 
 def describe_node(node: torch.fx.Node) -> str:
@@ -117,7 +136,9 @@ def short_path(path: str) -> str:
 __all__ = [
     "MAX_FRAMES",
     "NOTED_OPS",
+    "calling_user_line",
     "describe_node",
+    "format_frame",
     "internal_frame",
     "internal_module",
     "note_user_frames",

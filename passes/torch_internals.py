@@ -20,16 +20,17 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import torch
 
 #: The torch releases fxviews is tested on; named in every error about a missing internal.
-SUPPORTED_TORCH = ">=2.13,<2.16"
+SUPPORTED_TORCH = ">=2.11,<2.16"
 
 
 def missing_internal_error(path: str, cause: BaseException) -> ImportError:
@@ -45,9 +46,10 @@ try:
     import torch.utils._pytree as pytree
     from torch._C import Argument as SchemaArgument
 
-    # Python reads of a tensor outside every TorchFunctionMode (the recorder's own bookkeeping
-    # from inside one of its modes). 2.0.
-    from torch._C import DisableTorchFunction as torch_function_disabled
+    # Bookkeeping inside a torch function mode's handler, below the other modes (the recording's
+    # refusal of Python reads of storages among them), and tensor attributes read with no mode
+    # or subclass in between: DisableTorchFunction, 2.0.
+    from torch._C import DisableTorchFunction as no_torch_function
     from torch._C import (
         _dispatch_tls_local_exclude_set as dispatch_tls_exclude_set,
     )
@@ -114,10 +116,13 @@ try:
     # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
     # maybe_get_bdim). 2.0. The innermost active torch.func transform (peek_interpreter_stack,
     # None outside all): a recording keeps a composite call as one node only outside them. 2.0.
+    # A layout-deciding call on a functionalized tensor is left as traced (Note [Layout
+    # decisions at run time]): is_functionaltensor, 2.0.
     from torch._C._functorch import (
         get_inplace_requires_grad_allowed,
         get_unwrapped,
         is_batchedtensor,
+        is_functionaltensor,
         is_functorch_wrapped_tensor,
         maybe_get_bdim,
         peek_interpreter_stack,
@@ -153,7 +158,6 @@ try:
         DataDependentOutputException,
         DynamicOutputShapeException,
         FakeTensor,
-        FakeTensorDeviceMismatchError,
         FakeTensorMode,
     )
 
@@ -171,7 +175,19 @@ try:
     # (GuardOnDataDependentSymNode, 2.1).
     # The node make_fx made for a result (the active proxy mode, and the proxy of a tensor
     # under its tracer): the tracer notes the user's source line on as_strided nodes. 2.1.
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
+    # A call make_fx keeps as one node (a custom autograd.Function's apply): its own work run
+    # with the proxy modes off (disable_proxy_modes_tracing), its results bound to the node's
+    # proxy (track_tensor_tree), as higher-order ops do. 2.1.
+    # A node make_fx did not make, bound to a result (track_tensor_tree, 2.0) with the proxy
+    # mode off, as make_fx binds them (disable_proxy_modes_tracing, 2.0): the layout-deciding
+    # calls fxviews records as their aten ops (Note [Layout decisions at run time]).
+    from torch.fx.experimental.proxy_tensor import (
+        disable_proxy_modes_tracing,
+        get_proxy_mode,
+        get_proxy_slot,
+        make_fx,
+        track_tensor_tree,
+    )
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     # The FX pass infrastructure the engine's passes plug into (PassBase, PassResult). 1.13.
@@ -182,9 +198,45 @@ try:
     from torch.utils._mode_utils import no_dispatch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+
+    # The dispatch modes active now, innermost last (_get_current_dispatch_mode_stack, 2.0):
+    # finds the recording a layout-deciding call is made under.
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as dispatch_modes
 except ImportError as err:
     # A name missing from a module that exists: err.name is that module, the message names both.
     raise missing_internal_error(err.name or "a torch module", err) from err
+
+
+# Fake mode's error for an op over fake tensors on two devices (in a trace: forward AD's zero
+# tangents on the meta device beside a primal on the traced one, through layer_norm/batch_norm).
+# A class of its own, FakeTensorDeviceMismatchError, from 2.13; before (2.0-2.12) a RuntimeError
+# whose message starts as below.
+_device_mismatch_error: type[RuntimeError] | None
+try:
+    from torch._subclasses.fake_tensor import (
+        FakeTensorDeviceMismatchError as _device_mismatch_error,
+    )
+except ImportError:
+    _device_mismatch_error = None
+_DEVICE_MISMATCH_MESSAGE = "Unhandled FakeTensor Device Propagation for "
+
+
+def is_fake_device_mismatch(err: BaseException) -> bool:
+    """Whether ``err`` is fake mode's refusal of an op over tensors on two devices.
+
+    Example::
+
+        >>> with FakeTensorMode():
+        ...     cpu, meta = torch.empty(2), torch.empty(2, device="meta")
+        ...     try:
+        ...         cpu + meta
+        ...     except RuntimeError as err:
+        ...         is_fake_device_mismatch(err)
+        True
+    """
+    if _device_mismatch_error is not None:
+        return isinstance(err, _device_mismatch_error)
+    return isinstance(err, RuntimeError) and str(err).startswith(_DEVICE_MISMATCH_MESSAGE)
 
 
 def _aten_overload(name: str) -> OpOverload:
@@ -297,6 +349,23 @@ def has_meta_kernel(op: OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta")
 
 
+def has_composite_implicit_kernel(op: OpOverload) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel: it decomposes above the
+    dispatcher, so a trace sees only the ops it decided on (the tests' search for
+    layout-deciding ops; ``_dispatch_has_kernel_for_dispatch_key``, 1.13).
+
+    Example::
+
+        >>> has_composite_implicit_kernel(torch.ops.aten.reshape.default)
+        True
+    """
+    key = "CompositeImplicitAutograd"
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+    except RuntimeError:  # a TorchScript-only overload (aten::acos.int): not in the dispatcher
+        return False
+
+
 def storage_identity(tensor: torch.Tensor) -> int:
     """An id shared by exactly the tensors that view the same storage, meta tensors included.
 
@@ -306,11 +375,84 @@ def storage_identity(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
+def forget_static_evaluations(shape_env: ShapeEnv) -> None:
+    """Drop the ShapeEnv's caches of what it evaluates without adding guards (its axioms,
+    ``_maybe_evaluate_static``): 2.13 clears them on a new replacement, divisibility fact or
+    runtime assert, not on a new guard, so a proof asked before a guard was recorded would be
+    answered without it ever after. The caches are ShapeEnv's methods' (``_lru_cache``, 2.1),
+    shared by every ShapeEnv: dropping them costs recomputation only."""
+    for method in (type(shape_env).get_axioms, type(shape_env)._maybe_evaluate_static):
+        method.cache_clear()
+
+
 def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     """Each backed symbol's trace-time value (``backed_var_to_val``, 2.13; earlier
     ``var_to_val``)."""
     hints = getattr(shape_env, "backed_var_to_val", None)
     return dict(shape_env.var_to_val if hints is None else hints)
+
+
+#: The release as (major, minor): where an internal changed form, the form this one has.
+TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+@contextlib.contextmanager
+def traceable_jacobian_basis() -> Iterator[None]:
+    """Within, ``jacrev`` and ``jacfwd`` build their standard basis with Python offsets.
+
+    Both compute a Jacobian as vjps (jvps) of the rows of an identity matrix split by tensor,
+    made by ``torch._functorch.eager_transforms._chunked_standard_basis_for_``. Before 2.13
+    it places each tensor's block with ``int()`` of a tensor built from the tensors' numels:
+    a fake-mode trace has no value for that ``int`` (an unbacked symbol: "Could not extract
+    specialized integer from data-dependent expression u0") wherever the basis spans two
+    tensors or more (a function with two outputs under jacrev). 2.13 computes the offsets in
+    Python. On 2.11 and 2.12 this puts :func:`_standard_basis_chunks`, the same basis with
+    Python offsets, in its place while the caller traces (the module's global, which jacrev
+    and jacfwd look up on each call); on later releases it changes nothing.
+
+    Example::
+
+        >>> with traceable_jacobian_basis():
+        ...     jacobian = make_fx(torch.func.jacrev(lambda x: (x, 2 * x)), tracing_mode="fake")
+    """
+    if TORCH_RELEASE >= (2, 13):
+        yield
+        return
+    from torch._functorch import eager_transforms
+
+    replaced = eager_transforms._chunked_standard_basis_for_
+    eager_transforms._chunked_standard_basis_for_ = _standard_basis_chunks
+    try:
+        yield
+    finally:
+        eager_transforms._chunked_standard_basis_for_ = replaced
+
+
+def _standard_basis_chunks(
+    tensors: Sequence[torch.Tensor], tensor_numels: Sequence[int], chunk_size: int | None = None
+) -> Generator[tuple[torch.Tensor, ...], None, None]:
+    """The rows of the identity matrix over all elements of ``tensors``, ``chunk_size`` rows at
+    a time (all at once for None), each chunk split by tensor: ``tensor.new_zeros(rows,
+    numel)`` with ones where row ``r`` meets the tensor's column ``r - start`` (``start``: how
+    many elements the tensors before it hold), viewed as ``(rows, *tensor.shape)``.
+
+    Example::
+
+        >>> one, two = next(_standard_basis_chunks([torch.zeros(1), torch.zeros(2)], [1, 2]))
+        >>> one.tolist(), two.tolist()
+        ([[1.0], [0.0], [0.0]], [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    """
+    total = sum(tensor_numels)
+    rows_per_chunk = chunk_size if chunk_size and chunk_size < total else total
+    starts = [sum(tensor_numels[:i]) for i in range(len(tensor_numels))]
+    for first_row in range(0, total, rows_per_chunk) if total else [0]:
+        rows = min(rows_per_chunk, total - first_row)
+        chunk = []
+        for tensor, numel, start in zip(tensors, tensor_numels, starts, strict=True):
+            block = tensor.new_zeros(rows, numel)
+            block.diagonal(first_row - start).fill_(1)
+            chunk.append(block.view(rows, *tensor.shape))
+        yield tuple(chunk)
 
 
 def is_boxed_call(compiled: object) -> bool:
@@ -346,6 +488,52 @@ def current_autograd_node() -> Any:
     return torch._C._current_autograd_node()
 
 
+# Autograd above the dispatcher, which a trace below it must see (fxviews/autograd_structure.py).
+# The grad-mode switch pre-dispatch IR records as a node (torch._C._set_grad_enabled, 1.x).
+set_grad_enabled = torch._C._set_grad_enabled
+# A grad-mode region as torch.export's training IR keeps it (a higher-order op around a
+# submodule), 2.5.
+wrap_with_set_grad_enabled = torch.ops.higher_order.wrap_with_set_grad_enabled
+# A custom autograd.Function's backward node class (BackwardCFunction, 1.x) and the Function
+# module backward hooks apply to a module's inputs and outputs (BackwardHookFunction, 1.13).
+BackwardCFunction = torch.autograd.function.BackwardCFunction
+BackwardHookFunction = torch.nn.modules._functions.BackwardHookFunction
+
+
+def functorch_transforms_active() -> bool:
+    """Whether a ``torch.func`` transform is active on this thread
+    (``torch._C._are_functorch_transforms_active``, 2.0)."""
+    return torch._C._are_functorch_transforms_active()
+
+
+def top_saved_tensors_hooks() -> Any:
+    """The innermost saved-tensor hooks in force, ``(pack, unpack)``, or None
+    (``torch._C._autograd._top_saved_tensors_default_hooks``, 2.0)."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+def tensor_hooks(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """The Python hooks registered on ``tensor``: ``register_hook``'s (``_backward_hooks``, 1.0)
+    and ``register_post_accumulate_grad_hook``'s (``_post_accumulate_grad_hooks``, 2.1)."""
+    hooks = (tensor._backward_hooks, getattr(tensor, "_post_accumulate_grad_hooks", None))
+    return tuple(hook for found in hooks if found for hook in found.values())
+
+
+def module_backward_hooks(module: torch.nn.Module) -> tuple[Any, ...]:
+    """The backward hooks a call of ``module`` installs: its own (``_backward_hooks``,
+    ``_backward_pre_hooks``) and the global ones (``_global_backward_hooks``,
+    ``_global_backward_pre_hooks`` of ``torch.nn.modules.module``), 2.0."""
+    from torch.nn.modules import module as modules
+
+    found = (
+        module._backward_hooks,
+        module._backward_pre_hooks,
+        modules._global_backward_hooks,
+        modules._global_backward_pre_hooks,
+    )
+    return tuple(hook for hooks in found for hook in hooks.values())
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -363,6 +551,27 @@ def aot_alias_regeneration_modules() -> tuple[Any, ...]:
     from torch._functorch._aot_autograd import functional_utils, runtime_wrappers
 
     return functional_utils, runtime_wrappers
+
+
+def dynamo_functorch_calls() -> dict[str, Any]:
+    """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
+    role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
+    ``remove_batch_dim``: ``torch._functorch.predispatch``, 2.5), values passed into or out of a
+    grad or jvp level (``wrap_for_grad``, ``unwrap_for_grad``, ``set_tensor_requires_grad``,
+    ``make_dual``), a dual's parts (``unpack_dual``) and the gradient step (``autograd_grad``,
+    ``torch._functorch.eager_transforms``). As of 2.13."""
+    from torch._functorch import eager_transforms, predispatch
+
+    return {
+        "add_batch_dim": predispatch._add_batch_dim,
+        "remove_batch_dim": predispatch._remove_batch_dim,
+        "wrap_for_grad": torch._C._functorch._wrap_for_grad,
+        "unwrap_for_grad": predispatch._unwrap_for_grad,
+        "set_tensor_requires_grad": eager_transforms._set_tensor_requires_grad,
+        "make_dual": predispatch._make_dual,
+        "unpack_dual": predispatch._unpack_dual,
+        "autograd_grad": eager_transforms._autograd_grad,
+    }
 
 
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
@@ -400,6 +609,8 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "ValueRanges": ("torch.utils._sympy.value_ranges", "ValueRanges"),
     # Floor division of sizes as the ShapeEnv writes it (``(s - 3)//2``; FloorDiv, 2.1).
     "FloorDiv": ("torch.utils._sympy.functions", "FloorDiv"),
+    # The fake mode of a Dynamo graph's example values (detect_fake_mode, 2.0).
+    "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
@@ -425,7 +636,7 @@ BOUND_NAMES = (
     "DataDependentOutputException",
     "DynamicOutputShapeException",
     "FakeTensor",
-    "FakeTensorDeviceMismatchError",
+    "is_fake_device_mismatch",
     "FakeTensorMode",
     "TorchDispatchMode",
     "disable_current_modes",
@@ -433,6 +644,11 @@ BOUND_NAMES = (
     "make_fx",
     "get_proxy_mode",
     "get_proxy_slot",
+    "track_tensor_tree",
+    "no_torch_function",
+    "disable_proxy_modes_tracing",
+    "dispatch_modes",
+    "is_functionaltensor",
     "GuardOnDataDependentSymNode",
     "ShapeEnv",
     "PassBase",
@@ -440,7 +656,6 @@ BOUND_NAMES = (
     "LazyGraphModule",
     "no_dispatch",
     "temporarily_clear_interpreter_stack",
-    "torch_function_disabled",
     "is_functorch_wrapped_tensor",
     "get_unwrapped",
     "is_batchedtensor",
@@ -493,8 +708,11 @@ BOUND_NAMES = (
     "install_graph",
     "op_schema",
     "has_meta_kernel",
+    "has_composite_implicit_kernel",
     "storage_identity",
     "is_boxed_call",
+    "TORCH_RELEASE",
+    "traceable_jacobian_basis",
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",
@@ -502,6 +720,16 @@ BOUND_NAMES = (
     "dtensor_spec",
     "current_autograd_node",
     "calling_code",
+    "set_grad_enabled",
+    "wrap_with_set_grad_enabled",
+    "BackwardCFunction",
+    "BackwardHookFunction",
+    "functorch_transforms_active",
+    "top_saved_tensors_hooks",
+    "tensor_hooks",
+    "module_backward_hooks",
+    "dynamo_functorch_calls",
+    "forget_static_evaluations",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

@@ -33,6 +33,7 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from tests.device_checks import raise_if_test_device_failed
 from tests.reference import (
     InDims,
     Sample,
@@ -86,6 +87,7 @@ def failures(checks: Mapping[str, Callable[[], None]]) -> list[str]:
             detail = " | ".join(line.strip() for line in str(err).splitlines()[:4] if line.strip())
             found.append(f"{label}: {WRONG_RESULT}: {detail}")
         except RuntimeError as err:
+            raise_if_test_device_failed(err, label)
             found.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0]}")
     return found
 
@@ -167,6 +169,7 @@ def prepare(label: str, fn: Callable[..., Any], samples: list[Sample]) -> Prepar
     try:
         fn(*samples[0])
     except RuntimeError as err:
+        raise_if_test_device_failed(err, f"eager {label}")
         return Prepared(label, fn, samples, eager_error=str(err).splitlines()[0])
     gm = fxviews.trace(fn, *samples[0])
     code = gm.code

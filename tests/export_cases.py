@@ -11,9 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from fxviews.examples import push_jvp
+from fxviews.passes.torch_internals import TORCH_RELEASE
+
+#: torch.export traces a program that calls ``torch.func.jvp`` from torch 2.13 on
+#: (pytorch/pytorch#179686); on 2.11 and 2.12 export itself fails ("Expected FakeTensor, got
+#: <class 'torch.Tensor'>") before fxviews sees a program.
+EXPORTS_JVP = TORCH_RELEASE >= (2, 13)
+needs_jvp_export = pytest.mark.skipif(
+    not EXPORTS_JVP,
+    reason="torch.export cannot trace torch.func.jvp before torch 2.13 (pytorch/pytorch#179686)",
+)
 
 
 class JvpModule(torch.nn.Module):
@@ -83,6 +94,11 @@ class Case:
     #: vmap's error at some batch positions, where no view chain exists on a batched layout.
     vmap_error: str = ""
 
+    @property
+    def exports(self) -> bool:
+        """Whether torch.export can trace the module on this torch release."""
+        return self.make is not JvpModule or EXPORTS_JVP
+
 
 CASES = [
     Case("jvp", JvpModule, ((2, 6), (2, 6), (2, 6))),
@@ -102,6 +118,12 @@ CASES = [
         kept=1,
         vmap_error="as_strided_scatter requires special handling",
     ),
+]
+
+#: CASES as pytest parameters, each named, the ones this release cannot export skipped.
+CASE_PARAMS = [
+    pytest.param(case, id=case.name, marks=() if case.exports else needs_jvp_export)
+    for case in CASES
 ]
 
 #: The three cases where ONNX's as_strided lowering is wrong or fails.

@@ -30,6 +30,7 @@ from fxviews.bench import (
 )
 from fxviews.bench.models import MODELS
 from fxviews.examples import push_jvp, seed_args
+from fxviews.passes.device_faults import DeviceFailure
 from tests.real_models import require_zoo_or_skip
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
@@ -68,7 +69,7 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     assert "dynamo_pgo" not in printed  # nor among the warnings a row collects and summarizes
 
     # One title per row, in order, each followed by its table.
-    positions = [printed.index(bench.BENCHES[row][0]) for row in bench.ROWS]
+    positions = [printed.index(cli.title(row, cli.QUICK)) for row in bench.ROWS]
     assert positions == sorted(positions)
     for header in (
         "loop/",  # ratio headers print over two lines: "loop/" above "graph"
@@ -146,7 +147,7 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
         assert (line["aot/eager first"] is None) == ("aot: n/a" in line["note"])
     steady = [line["tf/eager"] for line in models[:-1]]
     assert models[-1]["tf/eager"] == pytest.approx(sum(steady) / 2)  # the median of two
-    # Row 11: each small program on both paths, then the median and the largest ratio.
+    # Row 12: each small program on both paths, then the median and the largest ratio.
     small = rows["small"]
     assert [line["program"] for line in small] == ["rotary", "q_value", "median", "largest"]
     for line in small[:2]:
@@ -160,8 +161,8 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
 def test_rows_flag_selects_rows_and_rejects_unknown_ones(tiny, capsys) -> None:
     assert bench.main(["--quick", "--rows", ",".join(FAST_ROWS)]) == 0
     printed = capsys.readouterr().out
-    assert bench.BENCHES["vmap"][0] in printed
-    assert bench.BENCHES["pass_cost"][0] not in printed
+    assert cli.title("vmap", cli.QUICK) in printed
+    assert cli.title("pass_cost", cli.QUICK) not in printed
 
     assert bench.main(["--rows", "vmap,nope"]) == 2
     assert "nope" in capsys.readouterr().out
@@ -251,7 +252,7 @@ def test_plot_without_matplotlib_names_the_extra(tiny, capsys, monkeypatch) -> N
     assert bench.main(["--quick", "--rows", "vmap", "--plot", "charts"]) == 2
     printed = capsys.readouterr().out
     assert "fxviews[bench]" in printed
-    assert bench.BENCHES["vmap"][0] not in printed  # refused before measuring
+    assert cli.title("vmap", cli.QUICK) not in printed  # refused before measuring
 
 
 def test_row_5_baselines_run_the_same_ops_as_push_jvp() -> None:
@@ -286,3 +287,80 @@ def test_a_cold_compile_runs_in_a_child_and_counts_the_engine() -> None:
 def test_a_cold_compile_that_fails_says_why() -> None:
     with pytest.raises(RuntimeError, match="no_such_backend"):
         cold.cold_first_call(cold.FirstCallCase("compile", "no_such_backend"), threads=1)
+
+
+# --------------------------------------------------------------------------------------------
+# --device: the rows whose work is a device's, in synchronised wall time
+
+
+def test_device_rows_run_on_the_device_in_wall_time(tiny, tmp_path, capsys, monkeypatch) -> None:
+    """``--device cpu`` runs the device path end to end: every device row, its tensors on the
+    device, each timed stretch synchronised at both ends."""
+    synchronised = []
+    real_synchronizer = timing.synchronizer
+
+    def counting(device):
+        synchronise = real_synchronizer(device)
+        return lambda: synchronised.append(device) or synchronise()
+
+    monkeypatch.setattr(timing, "synchronizer", counting)
+    out_path = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--device", "cpu", "--json", str(out_path)]) == 0
+    printed = capsys.readouterr().out
+    assert report.FAILED not in printed
+    device_settings = settings.on_device(cli.QUICK, "cpu")
+    positions = [printed.index(cli.title(row, device_settings)) for row in cli.DEVICE_ROWS]
+    assert positions == sorted(positions)
+    assert "first call (wall)" in printed and "first call (cpu)" not in printed
+    written = json.loads(out_path.read_text())
+    assert written["meta"]["device"] == "cpu"
+    assert list(written["rows"]) == list(cli.DEVICE_ROWS)
+    assert [line["B"] for line in written["rows"]["compiled"]][0] == settings.COMPILED_BATCH
+    assert synchronised and set(synchronised) == {"cpu"}  # rows 1, 7 and 8's steady states
+
+
+def test_device_rows_on_an_accelerator_take_larger_batches() -> None:
+    cuda = settings.on_device(settings.QUICK, "cuda")
+    assert cuda.device == "cuda" and cuda.batch_sizes == settings.DEVICE_BATCH_SIZES
+    assert cuda.models_batch == settings.DEVICE_MODELS_BATCH
+    assert cli.title("models", cuda).startswith(
+        f"8. whole models under vmap, B={cuda.models_batch}"
+    )
+    assert settings.on_device(settings.QUICK, "cpu").batch_sizes == settings.QUICK.batch_sizes
+
+
+def test_a_device_this_machine_lacks_ends_the_run_before_measuring(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert bench.main(["--quick", "--device", "cuda"]) == 2
+    printed = capsys.readouterr().out
+    assert printed.startswith("fxviews bench: --device cuda: this machine has no CUDA device")
+    assert len(printed.splitlines()) == 1  # one line, nothing measured
+
+
+def test_device_runs_refuse_the_cpu_work_rows(capsys) -> None:
+    assert bench.main(["--quick", "--device", "cpu", "--rows", "vmap,pass_cost"]) == 2
+    assert "pass_cost" in capsys.readouterr().out
+    assert bench.main(["--device", "meta"]) == 2
+    assert "meta" in capsys.readouterr().out
+
+
+def test_synchronised_timing_waits_around_each_timed_stretch() -> None:
+    events = []
+    calls = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    timing.interleaved_samples(calls, 2, 0.0, lambda: 0.0, lambda: events.append("sync"))
+    # Warm-up of each call between two synchronisations, then each repeat's loop likewise.
+    assert events == ["sync", "a", "sync", "sync", "b", "sync"] + 2 * [
+        "sync", "a", "sync", "sync", "b", "sync"
+    ]  # fmt: skip
+
+
+def test_a_device_failure_in_a_measured_path_ends_the_run(tiny, monkeypatch) -> None:
+    """Not an n/a cell: later rows would measure on a dead device."""
+
+    def faulting(*args, **kwargs):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(rows_compile, "first_call_seconds", faulting)
+    with pytest.raises(DeviceFailure, match="illegal memory access"):
+        bench.main(["--quick", "--device", "cpu", "--rows", "first_call"])

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
+from fxviews.passes.torch_internals import TORCH_RELEASE
 from tests import dtensor_battery as battery
 
 if not (dist.is_available() and dist.is_gloo_available()):
@@ -22,6 +23,7 @@ if not (dist.is_available() and dist.is_gloo_available()):
 
 PYTORCH_AS_STRIDED_ERROR = "as_strided not supported with DTensor"
 PYTORCH_UNFOLD_ERROR = "Operator aten.unfold.default does not have a sharding strategy registered"
+DTENSOR_FLATTEN_REFUSAL = "RuntimeError: ('Attempted to flatten multiple dimensions"
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,12 @@ def test_a_graph_compiled_before_register_is_refused_not_misread(world_2):
     found = world_2["compiled_alias"]
     assert PYTORCH_AS_STRIDED_ERROR in found["compiled before register, unregistered"]
     after = found["compiled before register, registered"]
-    assert after.startswith("FxViewsError") and "torch._dynamo.reset()" in after, after
+    if TORCH_RELEASE >= (2, 13):
+        # The compiled wrapper's code holds PyTorch's gen_alias_from_base, bound when it was made.
+        assert after.startswith("FxViewsError") and "torch._dynamo.reset()" in after, after
+    else:
+        # It looks the function up in runtime_wrappers on each call: register() reaches it too.
+        assert after == "right"
 
 
 def test_2d_mesh_every_placement_pair_is_right_or_refused(world_4):
@@ -171,8 +178,13 @@ def test_2d_mesh_every_placement_pair_is_right_or_refused(world_4):
     assert len(found) == len(battery.MESH_2D_FUNCTIONS) * len(battery.MESH_2D_PLACEMENTS)
     wrong = {case: outcome for case, outcome in found.items() if outcome.startswith("wrong")}
     assert not wrong
-    right = [case for case, outcome in found.items() if outcome == "right"]
-    assert len(right) >= 0.9 * len(found), {c: o for c, o in found.items() if o != "right"}
+    # Before torch 2.13 DTensor cannot flatten a sharded dim with another: the user's own
+    # reshape, view or flatten raises, before any as_strided reaches fxviews.
+    refused_by_dtensor = {c for c, o in found.items() if o.startswith(DTENSOR_FLATTEN_REFUSAL)}
+    assert not refused_by_dtensor or TORCH_RELEASE < (2, 13), refused_by_dtensor
+    reached = {c: o for c, o in found.items() if c not in refused_by_dtensor}
+    right = [case for case, outcome in reached.items() if outcome == "right"]
+    assert len(right) >= 0.9 * len(reached), {c: o for c, o in reached.items() if o != "right"}
 
 
 def test_fxviews_dtensor_is_imported_on_first_use():

@@ -57,6 +57,7 @@ from tests.differential import (
     push_in_y,
 )
 from tests.reference import (
+    TEST_DEVICE,
     as_strided_nodes,
     assert_tree_close,
     in_dims_id,
@@ -83,7 +84,9 @@ class ViewCase:
     """A view op applied to the base. ``fn`` returns a tensor or a tuple of tensors (split...).
 
     ``overlapping``: the view aliases one element more than once (expand), so it cannot be
-    written to in place. ``multi_output``: the op returns several views (split, chunk, unbind).
+    written to in place. ``overlapping_windows``: its windows share elements (unfold with a
+    step below the size); eager writes through it in place, in an order only CPU defines.
+    ``multi_output``: the op returns several views (split, chunk, unbind).
     """
 
     name: str
@@ -91,6 +94,7 @@ class ViewCase:
     fn: ViewFn
     overlapping: bool = False
     multi_output: bool = False
+    overlapping_windows: bool = False
 
 
 S3 = (3, 4, 5)
@@ -110,7 +114,7 @@ VIEWS: list[ViewCase] = [
     ViewCase("diagonal", S2, lambda x: x.diagonal()),
     ViewCase("diagonal_offset", S3, lambda x: x.diagonal(offset=1, dim1=1, dim2=2)),
     ViewCase("diagonal_neg_offset", S2, lambda x: x.diagonal(-1)),
-    ViewCase("unfold_overlap", S3, lambda x: x.unfold(2, 3, 1)),
+    ViewCase("unfold_overlap", S3, lambda x: x.unfold(2, 3, 1), overlapping_windows=True),
     ViewCase("unfold_tiling", S3, lambda x: x.unfold(1, 2, 2)),
     ViewCase("expand_new_dim", S2, lambda x: x.unsqueeze(1).expand(4, 3, 5), overlapping=True),
     ViewCase("expand_size1", (4, 1, 5), lambda x: x.expand(4, 3, 5), overlapping=True),
@@ -363,7 +367,30 @@ def test_rewrite_leaves_no_as_strided(case_id: str) -> None:
     assert all(r.method in {"provenance", "synthesized", "identity", "scatter"} for r in records)
 
 
-@pytest.mark.parametrize("case_id", CASE_IDS)
+#: Cases that write in place through overlapping windows: each element is written once per
+#: window holding it, read in between, so the result depends on the order of the writes. CPU
+#: kernels run them in one defined order; on CUDA the order is undefined (eager on an H200 was
+#: repeatable, and 4.8 away from eager on CPU), and a batched call and a per-sample one may
+#: order them otherwise: eager there is no reference for vmap, and these run on CPU only.
+WRITES_THROUGH_OVERLAP = [
+    c.id for c in CASES if c.view.overlapping_windows and c.inplace.writes_view
+]
+writes_in_a_defined_order = pytest.mark.skipif(
+    TEST_DEVICE.type != "cpu",
+    reason=f"an in-place write through overlapping windows: on {TEST_DEVICE.type} the order "
+    "of the writes is undefined, so eager is no reference under vmap",
+)
+VMAP_CASES = [
+    pytest.param(c, marks=writes_in_a_defined_order) if c in WRITES_THROUGH_OVERLAP else c
+    for c in CASE_IDS
+]
+
+
+def test_the_cases_writing_through_overlap_are_known() -> None:
+    assert WRITES_THROUGH_OVERLAP == ["unfold_overlap-view_mul_-jvp"]
+
+
+@pytest.mark.parametrize("case_id", VMAP_CASES)
 def test_vmap_of_rewritten_graph_matches_eager(case_id: str) -> None:
     """vmap(rewritten graph) equals eager per sample, batch dim physically at every position.
 

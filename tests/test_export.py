@@ -20,7 +20,15 @@ from torch.func import vmap
 import fxviews
 from fxviews.examples import push_jvp
 from tests.differential import assert_every_layout_matches
-from tests.export_cases import CASES, Case, JvpModule, OverlappingWindows
+from tests.export_cases import (
+    CASE_PARAMS,
+    CASES,
+    EXPORTS_JVP,
+    Case,
+    JvpModule,
+    OverlappingWindows,
+    needs_jvp_export,
+)
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -32,7 +40,6 @@ from tests.reference import (
 )
 
 BATCH = 3
-CASE_IDS = [case.name for case in CASES]
 
 
 def _samples(case: Case) -> list[tuple[torch.Tensor, ...]]:
@@ -48,15 +55,26 @@ def _round_trip(program: torch.export.ExportedProgram) -> torch.export.ExportedP
 
 @pytest.fixture(scope="module")
 def rewritten() -> dict[str, tuple[torch.export.ExportedProgram, fxviews.RewriteResult]]:
-    """Per case: the exported program and its rewrite, built once."""
+    """Per case this torch release can export: the exported program and its rewrite, built once."""
     built = {}
-    for case in CASES:
+    for case in filter(lambda case: case.exports, CASES):
         program = torch.export.export(case.make(), _samples(case)[0])
         built[case.name] = (program, fxviews.rewrite(program))
     return built
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_torch_exports_jvp_from_2_13_on():
+    """The release boundary the jvp cases skip by: a fix backported to 2.11 or 2.12 fails
+    here, so the skip and docs/export.md are updated."""
+    sample = make_samples([(2, 6)] * 3, 1, seed=1)[0]
+    if EXPORTS_JVP:
+        torch.export.export(JvpModule(), sample)
+    else:
+        with pytest.raises(AssertionError, match="Expected FakeTensor"):
+            torch.export.export(JvpModule(), sample)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_rewrite_returns_a_valid_new_program(case, rewritten):
     program, result = rewritten[case.name]
     code, signature = program.graph_module.code, str(program.graph_signature)
@@ -81,7 +99,7 @@ def test_rewrite_returns_a_valid_new_program(case, rewritten):
     assert "fxviews:" in str(result)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_saved_and_loaded_program_gives_eager_values(case, rewritten):
     _, result = rewritten[case.name]
     loaded = _round_trip(result.exported_program)
@@ -91,7 +109,7 @@ def test_saved_and_loaded_program_gives_eager_values(case, rewritten):
         assert_tree_close(exported(*sample), eager(*sample), msg=case.name)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_vmap_of_module_at_every_batch_position(case, rewritten):
     _, result = rewritten[case.name]
     module = result.exported_program.module()
@@ -110,7 +128,13 @@ def test_vmap_of_module_at_every_batch_position(case, rewritten):
     assert bool(raised) == bool(case.vmap_error)
 
 
-@pytest.mark.parametrize("make", [JvpModule, OverlappingWindows], ids=["jvp", "window"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(JvpModule, id="jvp", marks=needs_jvp_export),
+        pytest.param(OverlappingWindows, id="window"),
+    ],
+)
 def test_plain_decomposed_program_is_wrong_under_vmap(make):
     """The measured problem: without fxviews, the batch dim last gives other numbers."""
     case = next(c for c in CASES if c.make is make)
@@ -138,6 +162,7 @@ def test_buffer_mutation_is_kept_and_applied(rewritten):
     assert module.calls.item() == before + 2
 
 
+@needs_jvp_export
 def test_already_decomposed_program_is_not_decomposed_again():
     program = torch.export.export(JvpModule(), make_samples([(2, 6)] * 3, 1, seed=1)[0])
     decomposed = program.run_decompositions()
@@ -149,6 +174,7 @@ def test_already_decomposed_program_is_not_decomposed_again():
     assert result.graph_module.code != code
 
 
+@needs_jvp_export
 def test_strict_raises_for_kept_node_and_example_inputs_are_refused():
     program = torch.export.export(JvpModule(), make_samples([(2, 6)] * 3, 1, seed=1)[0])
     with pytest.raises(ValueError, match="example_inputs"):
@@ -203,6 +229,7 @@ def test_static_rewrite_exported_with_a_dim_is_wrong_so_export_first():
     assert program.module()(x).shape == (2, 7) != DynamicWindow()(x).shape
 
 
+@needs_jvp_export
 def test_jvp_with_dynamic_batch_is_rewritten_and_matches_eager():
     b = Dim("b", min=2, max=16)
     program = torch.export.export(

@@ -16,7 +16,7 @@ pytest.importorskip("onnxscript")
 onnxruntime = pytest.importorskip("onnxruntime")
 
 import fxviews  # noqa: E402
-from tests.export_cases import CASES, ONNX_WRONG, Case  # noqa: E402
+from tests.export_cases import CASE_PARAMS, CASES, ONNX_WRONG, Case  # noqa: E402
 from tests.reference import assert_tree_close, make_samples  # noqa: E402
 
 CASE_BY_NAME = {case.name: case for case in CASES}
@@ -49,7 +49,7 @@ def _plain(module: torch.nn.Module, args: tuple[torch.Tensor, ...], **options):
     return torch.onnx.export(program, dynamo=True, verbose=False)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_export_onnx_gives_eager_values(case):
     args = _sample(case)
     onnx_program = fxviews.export_onnx(_module(case), args)

@@ -34,6 +34,7 @@ import torch
 
 # OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
 from fxviews.passes.torch_internals import op_db
+from tests.device_checks import raise_if_test_device_failed
 from tests.differential import (
     Prepared,
     assert_every_layout_matches,
@@ -180,7 +181,8 @@ def _usable(op: Any, sample: Any) -> bool:
     try:
         base = t.detach().clone()
         return _aliases(_first(op.op(base, *sample.args, **sample.kwargs)), base)
-    except Exception:  # a sample the plain op refuses has no view to test
+    except Exception as err:  # a sample the plain op refuses has no view to test
+        raise_if_test_device_failed(err, f"OpInfo {op.name} on a sample")
         return False
 
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import fxviews
 from fxviews.passes.geometry import Geometry
+from tests.device_checks import raise_if_test_device_failed
 from tests.reference import TEST_DEVICE, as_strided_nodes
 from tests.test_geometry import SETTINGS, random_target_cases, sources, storage_for
 
@@ -81,7 +82,8 @@ def check_rewrite(
     samples = [laid_out(geometry, s) for s in storages]
     try:
         results = [eager(x, src) for x, src in zip(samples, srcs, strict=True)]
-    except RuntimeError:  # eager refuses it (a scatter region outside the output): not a case
+    except RuntimeError as err:  # eager refuses it (a scatter region outside the output)
+        raise_if_test_device_failed(err, f"eager {op}")
         assume(False)
     # A scatter's result is read again through its own layout, as later graph nodes read it.
     reread = Geometry.of(results[0]) if scatter else None

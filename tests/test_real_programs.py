@@ -29,6 +29,7 @@ from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, line
 
 import fxviews
 from fxviews.tracing import TRACED_WITH
+from tests.device_checks import raise_if_test_device_failed
 from tests.reference import TEST_DEVICE, assert_tree_close, on_test_device
 
 BATCH = 3
@@ -570,7 +571,8 @@ def _runs_under(program: Program, bd: int, backend: str) -> bool:
     args = _batch(_samples(program), program, bd)
     try:
         _compiled(program, bd, backend)(*args)
-    except RuntimeError:
+    except RuntimeError as err:
+        raise_if_test_device_failed(err, f"torch.compile of {program.name}")
         return False
     return True
 

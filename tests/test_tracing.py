@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import grad, hessian, jacfwd, jvp, vmap
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
 import fxviews
 import fxviews.trace_guard
@@ -128,6 +128,33 @@ def test_forward_ad_through_norm_layers_traces_once_in_fake_mode(name, derivativ
     tf = fxviews.transform(fn, strict=True)
     assert_vmap_matches_per_sample(tf, fn, samples, atol=1e-4, rtol=1e-4)
     assert tf.cache_info().eager == 0
+
+
+def _two_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.sin(), x[::2] * x[1::2]
+
+
+#: Jacobians whose standard basis spans two tensors: before torch 2.13, PyTorch places each
+#: tensor's block with int() of a tensor (torch_internals.traceable_jacobian_basis).
+JACOBIANS = {
+    "jacrev, two outputs": (lambda x: jacrev(_two_outputs)(x), 1),
+    "jacrev, two outputs, chunks of 3": (lambda x: jacrev(_two_outputs, chunk_size=3)(x), 1),
+    "jacfwd, two inputs": (lambda x, y: jacfwd(torch.mul, argnums=(0, 1))(x, y), 2),
+    "hessian, two inputs": (
+        lambda x, y: hessian(lambda a, b: (a * b).sin().sum(), (0, 1))(x, y),
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(JACOBIANS))
+def test_jacobians_over_several_tensors_trace_in_fake_mode(name):
+    fn, n_args = JACOBIANS[name]
+    samples = make_samples([(6,)] * n_args, batch=3, seed=len(name), dtype=torch.float64)
+    gm = fxviews.trace(fn, *samples[0])
+    assert gm.meta[TRACED_WITH] == "fake mode"
+    assert_tree_close(gm(*samples[1]), fn(*samples[1]))
+    assert_vmap_matches_per_sample(fxviews.transform(fn, strict=True), fn, samples)
 
 
 def test_plain_functions_trace_in_fake_mode():

@@ -27,6 +27,7 @@ from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
 from fxviews.printouts import DEBUG_ENV
+from tests.device_checks import raise_if_test_device_failed
 from tests.differential import assert_every_layout_matches
 from tests.reference import (
     as_strided_nodes,
@@ -549,13 +550,14 @@ def test_lru_counts_every_hit_of_both_key_kinds():
 
 def test_hot_call_serves_only_tensors_of_its_signature():
     """The hot call (the entry the last positional call ran, checked in C++) hands a call to
-    the keyed lookup whenever its tensors differ in anything the key holds, and still serves
-    tensors that differ only in what the key leaves out (requires_grad, subclass, strides).
-    Each call is compared with eager, and each trace with the signatures seen so far."""
+    the keyed lookup whenever its tensors differ in anything the key holds (strides: Note [The
+    layout of a call]; requires_grad: the trace's tensors require grad where the call's do),
+    and still serves tensors that differ only in what the key leaves out (subclass). Each call
+    is compared with eager, and each trace with the signatures seen so far."""
     traced = []
 
     def scaled(x, y):
-        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim()))
+        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim(), x.stride()))
         return x.sum(-1, keepdim=True) * y
 
     tf = fxviews.transform(scaled)
@@ -568,9 +570,9 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         (x.double(), y.double()),  # dtype
         (x.to("meta"), y.to("meta")),  # device
         (x, torch.randn(1)),  # the second tensor's rank
-        (x.t().contiguous().t(), y),  # strides only: the same graph
-        (x.clone().requires_grad_(), y),  # requires_grad only
-        (torch.nn.Parameter(x.clone()), y),  # a subclass of the same signature
+        (x.t().contiguous().t(), y),  # strides only: a layout of its own
+        (x.clone().requires_grad_(), y),  # requires_grad
+        (torch.nn.Parameter(x.clone()), y),  # a subclass of the signature just traced
         (x, y),
     ]
     for args in calls:
@@ -581,11 +583,13 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         if got.device.type != "meta":
             torch.testing.assert_close(got, want)
     assert traced == [
-        ((2, 3), torch.float32, "cpu", 2),
-        ((3, 3), torch.float32, "cpu", 2),
-        ((2, 3), torch.float64, "cpu", 2),
-        ((2, 3), torch.float32, "meta", 2),
-        ((2, 3), torch.float32, "cpu", 1),
+        ((2, 3), torch.float32, "cpu", 2, (3, 1)),
+        ((3, 3), torch.float32, "cpu", 2, (3, 1)),
+        ((2, 3), torch.float64, "cpu", 2, (3, 1)),
+        ((2, 3), torch.float32, "meta", 2, (3, 1)),
+        ((2, 3), torch.float32, "cpu", 1, (3, 1)),
+        ((2, 3), torch.float32, "cpu", 2, (1, 2)),  # traced on the call's own layout
+        ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # requiring grad
     ]
     assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
     leaf = x.clone().requires_grad_()
@@ -668,6 +672,7 @@ def eager_outcome(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except RuntimeError as err:
+        raise_if_test_device_failed(err, f"{fn}")
         return type(err), str(err).splitlines()[0]
 
 

@@ -120,7 +120,9 @@ def test_views_rewritten_and_right_at_every_batch_position(
 ) -> None:
     fn, samples, _, passed, records = _traced(case_name, inplace, transform)
     assert records, "the corpus case should trace to at least one view"
-    assert {r.method for r in records} == {"reshape"}, records
+    # "runtime": the user's reshape, flatten or ravel, kept as called (Note [Layout decisions
+    # at run time]); the views autograd made become reshape.
+    assert {r.method for r in records} <= {"reshape", "runtime"}, records
     assert not [n for n in passed.graph.nodes if n.target in REWRITTEN_OPS[:3]]
     assert_every_layout_matches(passed, fn, samples, label=f"{case_name}-{inplace}-{transform}")
 

@@ -23,9 +23,26 @@ from fxviews.arguments import positive_int
 from fxviews.bench import plots
 from fxviews.bench.output import collected_output, progress, summarize
 from fxviews.bench.report import WIDTH, failed_paths, legend, render
-from fxviews.bench.settings import COMPILED_BATCH, FULL, MODELS_BATCH, QUICK, Settings, Table
+from fxviews.bench.settings import (
+    FULL,
+    QUICK,
+    USER_AS_STRIDED_BATCH,
+    Settings,
+    Table,
+    on_device,
+)
 
-__all__ = ["BENCHES", "DESCRIPTION", "ROWS", "add_arguments", "main", "run", "run_rows"]
+__all__ = [
+    "BENCHES",
+    "DESCRIPTION",
+    "DEVICE_ROWS",
+    "ROWS",
+    "add_arguments",
+    "main",
+    "run",
+    "run_rows",
+    "title",
+]
 
 #: Each row's title and the function measuring it (``module:function``, imported when the row
 #: runs), in the order the rows run and print.
@@ -53,13 +70,13 @@ BENCHES: dict[str, tuple[str, str]] = {
         "fxviews.bench.rows_compile:bench_compile",
     ),
     "compiled": (
-        f"7. vmap(push_jvp) compiled vs vmap(transform), B={COMPILED_BATCH}: steady state, "
+        "7. vmap(push_jvp) compiled vs vmap(transform), B={compiled_batch}: steady state, "
         "first call, break-even",
         "fxviews.bench.rows_compile:bench_compiled",
     ),
     "models": (
-        f"8. whole models under vmap, B={MODELS_BATCH}: per-sample grads and jvp, first "
-        "call (cpu), steady state",
+        "8. whole models under vmap, B={models_batch}: per-sample grads and jvp, first "
+        "call ({first_call_clock}), steady state",
         "fxviews.bench.rows_models:bench_models",
     ),
     "startup": (
@@ -67,17 +84,43 @@ BENCHES: dict[str, tuple[str, str]] = {
         "fxviews.bench.rows_first_hour:bench_startup",
     ),
     "memory": (
-        "10. first call's memory: peak RSS of transform's first call vs eager, large input",
+        "10. first call's memory: peak {memory} of transform's first call vs eager, large input",
         "fxviews.bench.rows_first_hour:bench_memory",
     ),
+    "user_as_strided": (
+        f"11. own as_strided under vmap, vmap(grad), compiled, B={USER_AS_STRIDED_BATCH}: "
+        "steady, first call (cpu)",
+        "fxviews.bench.rows_compile:bench_user_as_strided",
+    ),
     "small": (
-        "11. small programs under vmap, B=3: transform vs eager, steady state and first call",
+        "12. small programs under vmap, B=3: transform vs eager, steady state and first call",
         "fxviews.bench.rows_small:bench_small",
     ),
 }
 
 #: Row names, in the order they run and print.
 ROWS = tuple(BENCHES)
+#: The rows ``--device`` runs on a device: the ones whose work is the device's kernels. The
+#: others measure fxviews' own CPU work (the engine, a cached call's overhead, compiles,
+#: start-up): they run without ``--device``.
+DEVICE_ROWS = ("vmap", "first_call", "compiled", "models", "memory")
+
+
+def title(row: str, settings: Settings) -> str:
+    """Row ``row``'s printed title under ``settings`` (its batches, its clock).
+
+    Example::
+
+        >>> title("models", QUICK)
+        '8. whole models under vmap, B=8: per-sample grads and jvp, first call (cpu), steady state'
+    """
+    return BENCHES[row][0].format(
+        compiled_batch=settings.compiled_batch,
+        models_batch=settings.models_batch,
+        first_call_clock="cpu" if settings.device is None else "wall",
+        memory="RSS" if settings.device in (None, "cpu") else "device memory",
+    )
+
 
 #: ``bench --help``'s description: what each row compares, in plain text.
 DESCRIPTION = """\
@@ -96,15 +139,26 @@ Time fxviews against the alternatives, every comparison measured side by side in
               aot_eager (torchvision and timm models too, with fxviews[zoo])
   startup     seconds import fxviews adds to import torch, and python -m fxviews --help
   memory      peak memory of transform's first call (one sample recorded) vs eager
+  user_as_strided
+              research programs (im2col, log-mel, Hankel, Takens, windows) that write their own
+              as_strided, under vmap and vmap(grad), compiled: backend="fxviews" vs Inductor
+              and aot_eager, steady state and first call
   small       programs of a few ops (a KV-cache write, rotary embeddings, a GRU step, an
               optimizer step, a window sum, ...) under vmap: transform vs eager, per call
               and first call
 
-Rows 1, 4, 5, 7 and 11 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
-median wall time. torch runs on one thread unless --threads says otherwise. A path that
+Rows 1, 4, 5, 7, 11 and 12 report the minimum CPU time over interleaved repeats, rows 2 and 3
+the median wall time. torch runs on one thread unless --threads says otherwise. A path that
 cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
 exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized
 after its table.
+
+--device cuda (or cuda:1, ...) runs the rows whose work is the device's (vmap, first_call,
+compiled, models, memory: the default rows then) with their tensors and models there, at
+larger batches, every time a wall-clock median with the device synchronised before and after
+each timed stretch; memory is the device's peak allocated memory. A device this machine lacks
+ends the run before anything is measured, saying so. --device cpu runs the same rows the same
+way on CPU.
 """
 
 # --- command line -----------------------------------------------------------------------------
@@ -132,9 +186,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rows",
-        default=",".join(ROWS),
+        default=None,
         metavar="NAME,...",
-        help=f"the rows to run, comma-separated, from: {', '.join(ROWS)} (default: all)",
+        help=f"the rows to run, comma-separated, from: {', '.join(ROWS)} (default: all; with "
+        f"--device, {', '.join(DEVICE_ROWS)})",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="run the device rows with tensors and models on DEVICE (cuda, cuda:1, cpu), timed "
+        "in wall time with the device synchronised",
     )
 
 
@@ -142,14 +204,28 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmarks ``args`` select, print their tables, write JSON if asked.
 
     Exit code 0; 1 if a measured path raised (its cell says why); 2, before measuring anything,
-    for unknown rows, an output path that cannot be written, or ``--plot`` without matplotlib.
+    for unknown rows, an output path that cannot be written, ``--plot`` without matplotlib, or
+    a ``--device`` this machine lacks (or rows it does not run on a device).
     """
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    default = DEVICE_ROWS if args.device is not None else ROWS
+    rows = [r.strip() for r in (args.rows or ",".join(default)).split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
     if unknown or not rows:
         print(f"fxviews bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
         return 2
     settings = QUICK if args.quick else FULL
+    if args.device is not None:
+        problem = unusable_device(args.device)
+        off_device = [row for row in rows if row not in DEVICE_ROWS]
+        if off_device and not problem:
+            problem = (
+                f"rows {', '.join(off_device)} measure fxviews' CPU work and run without "
+                f"--device; with it: {', '.join(DEVICE_ROWS)}"
+            )
+        if problem:
+            print(f"fxviews bench: --device {args.device}: {problem}")
+            return 2
+        settings = on_device(settings, args.device)
     # Every check of the outputs comes before minutes of measuring, not after.
     problems = [f"--json {args.json}: {p}" for p in [unwritable(args.json, "file")] if p]
     problems += [f"--plot {args.plot}: {p}" for p in [unwritable(args.plot, "directory")] if p]
@@ -210,6 +286,48 @@ def unwritable(path: str | None, kind: str) -> str | None:
     return None if os.access(parent, os.W_OK) else f"its directory {parent} is not writable"
 
 
+def unusable_device(device: str) -> str | None:
+    """Why the bench cannot run on ``device`` here (None if it can), in one line.
+
+    Example::
+
+        >>> unusable_device("cuda")   # on a machine without a GPU
+        'this machine has no CUDA device: torch 2.13.0+cpu is built without CUDA'
+    """
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        return f"not a device torch knows ({str(err).splitlines()[0]})"
+    if parsed.type == "cuda":
+        if torch.version.cuda is None:
+            return (
+                f"this machine has no CUDA device: torch {torch.__version__} is built without CUDA"
+            )
+        if not torch.cuda.is_available():
+            return (
+                f"this machine has no CUDA device: torch {torch.__version__} (CUDA "
+                f"{torch.version.cuda}) finds no GPU or driver (torch.cuda.is_available() is "
+                "False)"
+            )
+    if parsed.type == "meta":
+        return "meta tensors hold no values: kernels do not run there"
+    try:
+        torch.empty(1, device=parsed)
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError
+        return f"no tensor can be made there ({type(err).__name__}: {str(err).splitlines()[0]})"
+    return None
+
+
+def device_name(device: str | None) -> str:
+    """How the bench's header names the device: its model for an accelerator."""
+    if device is None:
+        return "cpu"
+    parsed = torch.device(device)
+    if parsed.type == "cuda":
+        return f"{parsed} ({torch.cuda.get_device_name(parsed)}, CUDA {torch.version.cuda})"
+    return str(parsed)
+
+
 def bench_function(row: str) -> Callable[[Settings], Table]:
     """The function measuring ``row``, imported now (see :data:`BENCHES`)."""
     module, name = BENCHES[row][1].split(":")
@@ -224,22 +342,23 @@ def run_rows(rows: Sequence[str], settings: Settings, json_path: str | None) -> 
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} cpus",
         "threads": torch.get_num_threads(),
-        "quick": settings is QUICK,
+        "quick": not settings.default_backend,  # --quick: the run without Inductor
+        "device": device_name(settings.device),
         "date": datetime.date.today().isoformat(),
     }
     print(textwrap.fill("  ".join(f"{k}={v}" for k, v in meta.items()), WIDTH,
                         initial_indent="fxviews bench  ", subsequent_indent="  "))  # fmt: skip
     tables: dict[str, Table] = {}
     for row in rows:
-        title = BENCHES[row][0]
+        heading = title(row, settings)
         bench = bench_function(row)
         # Each row starts from a collected heap: row 4's 100k-node graph leaves ~1.3M objects
         # in reference cycles, collected here rather than in the middle of a later timing.
         gc.collect()
         start = time.perf_counter()
-        with collected_output() as collected, progress.row(title):
+        with collected_output() as collected, progress.row(heading):
             tables[row] = bench(settings)
-        print(f"\n{title}  [{time.perf_counter() - start:.1f} s]", flush=True)
+        print(f"\n{heading}  [{time.perf_counter() - start:.1f} s]", flush=True)
         print(render(tables[row]), flush=True)
         for line in legend(tables[row]) + summarize(collected):
             print(textwrap.fill(line, WIDTH, subsequent_indent="    "), flush=True)

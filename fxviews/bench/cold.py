@@ -16,9 +16,10 @@ import torch
 
 from fxviews.bench.compile_paths import COMPILE_FUNCTIONS, Wrap, compiled_path_wrap
 from fxviews.bench.report import measured
-from fxviews.bench.settings import COMPILED_BATCH, Settings
+from fxviews.bench.research_programs import BENCH_SHAPES, per_sample
+from fxviews.bench.settings import COMPILED_BATCH, USER_AS_STRIDED_BATCH, Settings
 from fxviews.bench.timing import FirstCall, first_call
-from fxviews.bench.workloads import make_push_jvp, seed_batch
+from fxviews.bench.workloads import make_push_jvp, on, seed_batch
 from fxviews.examples import seed_args
 
 # --- first calls in fresh interpreters ---------------------------------------------------------
@@ -45,19 +46,27 @@ _CHILD = "import sys; from fxviews.bench.cold import cold_child; cold_child(sys.
 class FirstCallCase:
     """A first call that a fresh interpreter can rebuild: row 6's or row 7's path and function."""
 
-    row: str  # "compile" or "compiled"
-    path: str  # a backend of row 6, or a path of row 7
-    function: str = "push_jvp (forward)"  # one of COMPILE_FUNCTIONS (row 6)
+    row: str  # "compile", "compiled" or "user_as_strided"
+    path: str  # a backend of row 6, or a path of rows 7 and 11
+    # One of COMPILE_FUNCTIONS (row 6), or a research program and how vmap applies (row 11).
+    function: str = "push_jvp (forward)"
+    batch: int = COMPILED_BATCH  # row 7's
+    device: str | None = None  # where the arguments live (None: CPU)
 
     def build(
         self,
     ) -> tuple[Callable[[], Callable[..., Any]], Wrap, tuple[torch.Tensor, ...], bool]:
         """``(make_fn, wrap, args, backward)`` for :func:`first_call`."""
         if self.row == "compiled":
-            _, batched = seed_batch(COMPILED_BATCH)
+            _, batched = seed_batch(self.batch, self.device)
             return make_push_jvp, compiled_path_wrap(self.path), batched, False
+        if self.row == "user_as_strided":
+            name, kind = self.function.split(" ", 1)
+            batch = torch.randn(USER_AS_STRIDED_BATCH, *BENCH_SHAPES[name])
+            make = functools.partial(per_sample, name, kind)
+            return make, compiled_path_wrap(self.path), (batch,), False
         make_fn, train = COMPILE_FUNCTIONS[self.function]
-        args = tuple(t.requires_grad_(train) for t in seed_args())
+        args = tuple(t.requires_grad_(train) for t in on(self.device, seed_args()))
         return make_fn, functools.partial(torch.compile, backend=self.path), args, train
 
 
@@ -79,13 +88,15 @@ def cold_child(request: str) -> None:
     """The child's side of :func:`cold_first_call`: one first call, printed as JSON."""
     spec = json.loads(request)
     torch.set_num_threads(spec.pop("threads"))
-    make_fn, wrap, args, backward = FirstCallCase(**spec).build()
+    case = FirstCallCase(**spec)
+    make_fn, wrap, args, backward = case.build()
     # Imports and a process's one-time compile work are not what is compared: every path
-    # gets Dynamo and Inductor loaded and one small compile of its own beforehand.
+    # gets Dynamo and Inductor loaded and one small compile of its own beforehand, on the
+    # case's device.
     from fxviews.passes.torch_internals import compile_fx
 
     del compile_fx  # imported for its import's sake
-    first_call(_warm_up_function, wrap, (torch.randn(4, 3),))
+    first_call(_warm_up_function, wrap, on(case.device, (torch.randn(4, 3),)))
     print(json.dumps(dataclasses.asdict(first_call(make_fn, wrap, args, backward))), flush=True)
 
 

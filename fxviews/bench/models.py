@@ -213,17 +213,22 @@ def build(name: str, seed: int = 0, image_side: int | None = None) -> nn.Module:
 
 
 def program(
-    name: str, model: nn.Module, kind: str, batch: int, image_side: int | None = None
+    name: str,
+    model: nn.Module,
+    kind: str,
+    batch: int,
+    image_side: int | None = None,
+    device: str | None = None,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """A new per-sample function ``kind`` of ``model`` (built by ``build(name, image_side=...)``)
-    and a batch of its arguments.
+    """A new per-sample function ``kind`` of ``model`` (built by ``build(name, image_side=...)``
+    and on ``device``, default CPU) and a batch of its arguments there.
 
     ``grads`` takes ``(x, label)`` and returns the loss's gradient for every parameter;
     ``jvp`` takes ``(x, direction)`` and returns the output and its tangent.
     """
     generator = torch.Generator().manual_seed(batch)
     shape = sample_shape(name, image_side)
-    x = torch.randn(batch, *shape, generator=generator)
+    x = torch.randn(batch, *shape, generator=generator).to(device)
     if kind == "grads":
         params = {name: p.detach() for name, p in model.named_parameters()}
         buffers = dict(model.named_buffers())
@@ -235,10 +240,10 @@ def program(
         def per_sample_grads(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             return torch.func.grad(loss)(params, x, y)
 
-        labels = torch.randint(0, CLASSES, (batch,), generator=generator)
+        labels = torch.randint(0, CLASSES, (batch,), generator=generator).to(device)
         return per_sample_grads, (x, labels)
 
     def push_forward(x: torch.Tensor, direction: torch.Tensor) -> Any:
         return torch.func.jvp(lambda a: model(a.unsqueeze(0)), (x,), (direction,))
 
-    return push_forward, (x, torch.randn(batch, *shape, generator=generator))
+    return push_forward, (x, torch.randn(batch, *shape, generator=generator).to(device))

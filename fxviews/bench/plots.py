@@ -22,8 +22,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fxviews.bench.settings import COMPILED_BATCH
-
 __all__ = ["require_matplotlib", "write_charts"]
 
 #: The vmap row's series: JSON key and label.
@@ -69,7 +67,7 @@ def write_charts(tables: dict[str, list[dict[str, Any]]], directory: str) -> lis
         compiled_markers = iter("xP*Dv^")
         for line in tables.get("compiled", []):
             if line["steady_s"] is not None and line["path"] != "vmap(transform)":
-                ax.scatter([COMPILED_BATCH], [line["steady_s"] * 1e6],
+                ax.scatter([line["B"]], [line["steady_s"] * 1e6],
                            marker=next(compiled_markers, "x"), s=50,
                            label=f"torch.compile: {line['path']}")  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="time per call (us)")

@@ -9,6 +9,7 @@ from typing import Any
 from tabulate import tabulate
 
 from fxviews.bench.settings import Table
+from fxviews.passes.device_faults import current_accelerator, raise_if_device_failed
 
 #: How a note starts when the path it measures raised: the run then exits with status 1.
 FAILED = "n/a (error: "
@@ -19,10 +20,13 @@ def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
 
     A path that raises (a backend bug, a missing feature of this torch) becomes an ``n/a``
     cell with the reason and the other rows still run, but the run fails (see :func:`run`).
+    An error that leaves the accelerator unusable ends the run instead: nothing measured on it
+    afterwards would be true (Note [A device error is fatal] in fxviews.passes.device_faults).
     """
     try:
         return measure(), ""
     except Exception as err:  # noqa: BLE001 - reported in its cell, and fails the run
+        raise_if_device_failed(err, current_accelerator(), "a measured path")
         return None, f"{FAILED}{why(err)}"[:118] + ")"
 
 
@@ -168,7 +172,7 @@ SHORT_HEADERS.update(
     }
 )
 
-#: Printed names of row 11's columns.
+#: Printed names of row 12's columns.
 SHORT_HEADERS.update({"eager_s": "eager", "tf_s": "tf"})
 
 #: What a column means where its header cannot say it: printed under every table that has it.

@@ -9,7 +9,9 @@ Row 10 (``memory``) runs one fresh interpreter per path on a large input (about
 ``settings.memory_mb`` MB, push_jvp's three tensors): eager ``push_jvp`` and the first call of
 ``transform(push_jvp)``, called directly and under ``vmap`` (batch of 8, batch dim last).
 Each child reports its peak resident memory (``ru_maxrss``) over what it held just before the
-call (its ``peak_mb`` column), so the input itself is not counted. A first call of
+call (its ``peak_mb`` column), so the input itself is not counted; with ``--device`` on an
+accelerator, its peak allocated tensor memory there over what was allocated before the call
+(the device synchronised before and after). A first call of
 ``transform`` runs ``fn`` once on fresh tensors holding one sample (Note [Recording a real
 trace] in ``fxviews/recording.py``): called directly that sample is the whole input, under
 ``vmap`` one sample of the batch; past ``fxviews.tracing.RECORDING_LIMIT_BYTES`` it traces in
@@ -105,6 +107,7 @@ def bench_memory(settings: Settings) -> Table:
             if notes[path]:
                 continue
             command = [sys.executable, "-c", _MEMORY_CHILD, path, str(settings.memory_mb)]
+            command += [settings.device] if settings.device is not None else []
             try:
                 measured = json.loads(_run(command)[1])
             except Exception as err:  # noqa: BLE001 - said in the line, and fails the run
@@ -135,31 +138,72 @@ _MEMORY_CHILD = "import sys; from fxviews.bench.rows_first_hour import memory_ch
 
 
 def memory_child() -> None:
-    """In a fresh interpreter: ``sys.argv[1]`` is the path, ``sys.argv[2]`` the input's MB;
-    print ``{"peak_over_start_mb": ...}`` for one first call."""
-    import resource
-
+    """In a fresh interpreter: ``sys.argv[1]`` is the path, ``sys.argv[2]`` the input's MB,
+    ``sys.argv[3]`` (optional) the device; print ``{"peak_over_start_mb": ...}`` for one first
+    call: resident memory on CPU, the accelerator's allocated memory on one."""
     import torch
 
     from fxviews.examples import push_jvp
 
     path, megabytes = sys.argv[1], int(sys.argv[2])
+    device = torch.device(sys.argv[3] if len(sys.argv) > 3 else "cpu")
     torch.set_num_threads(1)
     # push_jvp's three (rows, columns) float32 tensors, megabytes in all; under vmap a batch
     # of MEMORY_BATCH samples with the batch dim last.
     columns = max(1, megabytes * 2**20 // (3 * 4 * 4))
     batched = path.startswith("vmap")
     shape = (4, columns // MEMORY_BATCH, MEMORY_BATCH) if batched else (4, columns)
-    args = [torch.randn(shape) for _ in range(3)]
+    args = [torch.randn(shape).to(device) for _ in range(3)]
     fn: Any = fxviews.transform(push_jvp) if path.endswith("transform") else push_jvp
     call = torch.func.vmap(fn, in_dims=-1) if batched else fn
     call(*[a[..., :1] if batched else a[:, :1] for a in args])  # imports and first-time work
-    start, clock = _resident_mb(), time.perf_counter()
+    memory = _AcceleratorMemory(device) if device.type != "cpu" else _ResidentMemory()
+    start, clock = memory.start(), time.perf_counter()
     out = call(*args)
+    memory.wait()
     seconds = time.perf_counter() - clock
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = memory.peak()
     del out
     print(json.dumps({"peak_over_start_mb": max(0.0, peak - start), "seconds": seconds}))
+
+
+class _ResidentMemory:
+    """This process's resident memory, in MB: now (Linux's /proc), and its peak (ru_maxrss)."""
+
+    def start(self) -> float:
+        return _resident_mb()
+
+    def wait(self) -> None:
+        """Nothing to wait for: CPU kernels have run when the call returns."""
+
+    def peak(self) -> float:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class _AcceleratorMemory:
+    """The tensor memory allocated on an accelerator, in MB: now, and its peak since start."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def start(self) -> float:
+        import torch
+
+        torch.accelerator.synchronize(self.device)
+        torch.accelerator.reset_peak_memory_stats(self.device)
+        return int(torch.accelerator.memory_allocated(self.device)) / 2**20
+
+    def wait(self) -> None:
+        import torch
+
+        torch.accelerator.synchronize(self.device)
+
+    def peak(self) -> float:
+        import torch
+
+        return int(torch.accelerator.max_memory_allocated(self.device)) / 2**20
 
 
 def _resident_mb() -> float:

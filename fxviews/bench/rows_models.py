@@ -5,7 +5,8 @@ torchvision and timm build, at the settings' image side), eager ``vmap(fn)``,
 ``vmap(transform(fn))`` and ``torch.compile(vmap(fn), backend="aot_eager")``: the first call on
 a fresh function (a trace or compile from scratch, and one run; CPU time, median of
 ``compile_repeats``), the share of ``transform``'s first call spent in fxviews' rewrite, and
-the steady-state call (minimum CPU time over interleaved repeats). A zoo model whose library
+the steady-state call (minimum CPU time over interleaved repeats; with ``--device``, first calls
+and steady state in wall time, the device synchronised). A zoo model whose library
 cannot be imported gets lines saying why. The last lines hold the medians of the ratios, over
 the written models and over the zoo when both ran, then over all: the goals are a first call
 within 15x eager vmap's, fxviews' share within 25% of it, and a steady state at or below 1.0x
@@ -29,7 +30,8 @@ from fxviews.bench.models import MODELS, build, program
 from fxviews.bench.output import progress
 from fxviews.bench.report import ratio, why
 from fxviews.bench.settings import MODELS_BATCH, Settings, Table
-from fxviews.bench.timing import FirstCall, first_call, steady_cpu_seconds
+from fxviews.bench.timing import FirstCall, first_call, steady_seconds
+from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.torch_state import preserved_torch_state
 
 __all__ = ["MODELS_BATCH", "bench_models"]
@@ -56,21 +58,21 @@ def bench_models(settings: Settings) -> Table:
 def _rows(settings: Settings) -> Table:
     table: Table = []
     warmed = False
-    side = settings.zoo_image_side
+    side, batch, device = settings.zoo_image_side, settings.models_batch, settings.device
     for name in settings.models:
         library = MODELS[name].library
         missing = library and zoo.unavailable(library)
         if missing:
             table += [_unmeasured(name, kind, f"n/a ({missing})") for kind in MODELS[name].programs]
             continue
-        model = build(name, image_side=side)
+        model = build(name, image_side=side).to(device)
         for kind in MODELS[name].programs:
             progress.step(f"{name}, {kind}")
 
             def make_fn(name: str = name, model: Any = model, kind: str = kind) -> Any:
-                return program(name, model, kind, MODELS_BATCH, side)[0]
+                return program(name, model, kind, batch, side, device)[0]
 
-            args = program(name, model, kind, MODELS_BATCH, side)[1]
+            args = program(name, model, kind, batch, side, device)[1]
             if not warmed:  # the process's one-time work (imports, first traces) is no row's
                 for wrap in PATHS.values():
                     _first_calls(make_fn, wrap, args, 1)
@@ -102,8 +104,11 @@ def _measured(
     first: dict[str, list[FirstCall] | str] = {}
     for path, wrap in PATHS.items():
         first[path] = _first_calls(make_fn, wrap, args, settings.compile_repeats)
-    cpu = {p: statistics.median(c.cpu_s for c in calls) if isinstance(calls, list) else None
-           for p, calls in first.items()}  # fmt: skip
+    # First calls in CPU time (the CPU bench) or, on a device, wall time: a first call's kernels
+    # run after their launches return, and CPU time would leave them out.
+    clock = "cpu_s" if settings.device is None else "wall_s"
+    cpu = {p: statistics.median(getattr(c, clock) for c in calls) if isinstance(calls, list)
+           else None for p, calls in first.items()}  # fmt: skip
     tf_calls = first["tf"]
     share = (
         statistics.median(c.engine_s / c.cpu_s for c in tf_calls)
@@ -113,7 +118,7 @@ def _measured(
     runnable = {p: w(make_fn()) for p, w in PATHS.items() if isinstance(first[p], list)}
     for call in runnable.values():
         call(*args)  # built and warm: the steady state is what is timed
-    steady = steady_cpu_seconds(
+    steady = steady_seconds(
         {p: functools.partial(call, *args) for p, call in runnable.items()}, settings
     )
     notes = [f"{p}: {calls}" for p, calls in first.items() if isinstance(calls, str)]
@@ -155,6 +160,7 @@ def _first_calls(
         try:
             return [first_call(make_fn, wrap, args) for _ in range(repeats)]
         except Exception as err:  # noqa: BLE001 - the path's limitation, stated in the note
+            raise_if_device_failed(err, devices_of(list(args)), "a first call of row 8")
             reason = why(err)
         gc.collect()
     return f"n/a, it cannot capture this program here ({reason[:_REASON_CHARACTERS]})"

@@ -8,10 +8,11 @@ import torch
 
 import fxviews
 from fxviews.bench.report import above, ratio
-from fxviews.bench.settings import Settings, Table
-from fxviews.bench.timing import median_seconds, min_cpu_seconds, steady_cpu_seconds
+from fxviews.bench.settings import LOOP_LIMIT, Settings, Table
+from fxviews.bench.timing import median_seconds, min_cpu_seconds, steady_seconds
 from fxviews.bench.workloads import (
     flat_push_jvp,
+    on,
     per_sample,
     returns_inputs,
     rewritten,
@@ -29,13 +30,15 @@ def bench_vmap(settings: Settings) -> Table:
 
     The last column, the work above vmap's floor, is a difference of differences of tens of
     microseconds: timings are the minimum CPU time over interleaved repeats
-    (:func:`min_cpu_seconds`), as in rows 4 and 5, not wall-clock medians.
+    (:func:`min_cpu_seconds`), as in rows 4 and 5, not wall-clock medians. On a device
+    (``--device``) they are synchronised wall-clock medians (:func:`steady_seconds`), and the
+    loop runs up to ``LOOP_LIMIT`` samples.
     """
-    graph = rewritten(fxviews.trace(push_jvp, *seed_args()))
+    graph = rewritten(fxviews.trace(push_jvp, *on(settings.device, seed_args())))
     transform, why = transform_or_reason()
     table = []
     for batch in settings.batch_sizes:
-        samples, batched = seed_batch(batch)
+        samples, batched = seed_batch(batch, settings.device)
         # Every vmap is built once, outside the timer: the rows compare running, not wrapping.
         calls = {
             "loop": functools.partial(per_sample, push_jvp, samples),
@@ -52,8 +55,12 @@ def bench_vmap(settings: Settings) -> Table:
             # Traced before the timer sizes its loop: sized on the trace, the loop ran a few
             # calls per repeat, and the row measured the first calls after it.
             calls["transform_vmap"]()
-        times: dict[str, float | None] = {"transform_vmap": None}
-        times.update(steady_cpu_seconds(calls, settings))
+        loop_note = ""
+        if settings.device is not None and batch > LOOP_LIMIT:
+            del calls["loop"]
+            loop_note = f"loop: n/a above {LOOP_LIMIT} samples"
+        times: dict[str, float | None] = {"transform_vmap": None, "loop": None}
+        times.update(steady_seconds(calls, settings))
         table.append(
             {
                 "B": batch,
@@ -70,7 +77,7 @@ def bench_vmap(settings: Settings) -> Table:
                     above(times["eager_vmap"], times["vmap_floor"]),
                     above(times["transform_vmap"], times["vmap_floor"]),
                 ),
-                "note": why,
+                "note": "; ".join(n for n in (why, loop_note) if n),
             }
         )
     return table

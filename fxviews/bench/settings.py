@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 #: A JSON-ready table: one dict per printed line, the same keys in every dict.
 Table = list[dict[str, Any]]
@@ -12,6 +15,8 @@ Table = list[dict[str, Any]]
 COMPILED_BATCH = 256
 #: Row 8's samples per batch (each sample an image or 16 tokens).
 MODELS_BATCH = 8
+#: Row 11's samples per batch (research programs with their own as_strided, compiled).
+USER_AS_STRIDED_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,15 @@ class Settings:
         "vit", "resnet", "mobilenet", "encoder", "resnet18", "mobilenet_v3_small", "vit_tiny"
     )  # fmt: skip
     zoo_image_side: int = 64  # the zoo's images in row 8 (a multiple of 16, for the ViT)
-    # Row 11's programs (fxviews.bench.small_programs), by name; None: every one.
+    # Row 12's programs (fxviews.bench.small_programs), by name; None: every one.
     small_programs: tuple[str, ...] | None = None
     memory_mb: int = 256  # row 10's input: push_jvp's three tensors, this many MB in all
+    compiled_batch: int = COMPILED_BATCH  # row 7's batch
+    models_batch: int = MODELS_BATCH  # row 8's samples per batch
+    # Where the rows' tensors and models live: None for the CPU bench, whose steady states are
+    # CPU time; a device (``--device``) for wall time with the device synchronised around each
+    # timed stretch (see fxviews.bench.timing.steady_seconds).
+    device: str | None = None
 
 
 QUICK = Settings(3, 0.01, (8, 64, 256, 1024), (1_000, 10_000), 1, False, 300)
@@ -53,3 +64,32 @@ FULL = Settings(
     zoo_image_side=112,
     memory_mb=1024,
 )
+
+
+#: Rows 1, 7 and 8's batches on an accelerator (``--device cuda``): at the CPU bench's sizes
+#: its work is mostly kernel launches. Row 1's Python loop stops at ``LOOP_LIMIT`` samples.
+DEVICE_BATCH_SIZES = (256, 4096, 65536)
+DEVICE_COMPILED_BATCH = 65536
+DEVICE_MODELS_BATCH = 256
+LOOP_LIMIT = 1024
+
+
+def on_device(settings: Settings, device: str) -> Settings:
+    """``settings`` for the rows run with ``--device device``: the device, and on an
+    accelerator its batches (on CPU the CPU bench's, so ``--device cpu`` differs from the CPU
+    bench by its clock only).
+
+    Example::
+
+        >>> on_device(QUICK, "cuda").models_batch, on_device(QUICK, "cpu").models_batch
+        (256, 8)
+    """
+    if torch.device(device).type == "cpu":
+        return dataclasses.replace(settings, device=device)
+    return dataclasses.replace(
+        settings,
+        device=device,
+        batch_sizes=DEVICE_BATCH_SIZES,
+        compiled_batch=DEVICE_COMPILED_BATCH,
+        models_batch=DEVICE_MODELS_BATCH,
+    )

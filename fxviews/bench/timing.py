@@ -24,7 +24,8 @@ import torch
 
 from fxviews import graph_rewriting, transforming
 from fxviews.bench.settings import Settings
-from fxviews.consumers import compile_backend
+from fxviews.consumers import compile_backend, dynamo_stage
+from fxviews.passes.device_faults import devices_of
 
 
 def median_seconds(
@@ -58,6 +59,7 @@ def interleaved_samples(
     repeats: int,
     repeat_seconds: float,
     timer: Callable[[], float],
+    synchronize: Callable[[], None] = lambda: None,
 ) -> dict[str, list[float]]:
     """Seconds per call of each of ``calls`` in each of ``repeats`` repeats, read off ``timer``.
 
@@ -65,21 +67,60 @@ def interleaved_samples(
     load from elsewhere on the machine then hits all of them alike instead of one. Each repeat
     runs a call enough times to last ``repeat_seconds``, so fast calls are not dominated by
     timer resolution; the first call of each is a warm-up that also sizes that loop.
+    ``synchronize`` waits for the work the calls queued on a device: it runs after the warm-up
+    and at both ends of every timed loop, so a repeat times the kernels, not their launches.
     """
     numbers = {}
     for name, call in calls.items():
+        synchronize()
         start = time.perf_counter()
         call()
+        synchronize()
         elapsed = max(time.perf_counter() - start, 1e-7)
         numbers[name] = max(1, int(repeat_seconds / elapsed))
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
+            synchronize()
             start = timer()
             for _ in range(numbers[name]):
                 call()
+            synchronize()
             samples[name].append((timer() - start) / numbers[name])
     return samples
+
+
+def synchronizer(device: str | None) -> Callable[[], None]:
+    """What waits for the work queued on ``device``: ``torch.accelerator.synchronize`` on an
+    accelerator, nothing on CPU (or None, the CPU bench).
+
+    Example::
+
+        >>> synchronizer("cpu")()   # returns at once
+    """
+    if device is None or torch.device(device).type == "cpu":
+        return lambda: None
+    target = torch.device(device)
+    return lambda: torch.accelerator.synchronize(target)
+
+
+def steady_seconds(calls: Mapping[str, Callable[[], Any]], settings: Settings) -> dict[str, float]:
+    """Rows 1, 7 and 8's steady states, by the settings' clock.
+
+    The CPU bench (no device): :func:`steady_cpu_seconds`. On a device (``--device``): the
+    median wall time over the same repeats, the device synchronised around each timed loop
+    (CPU time would miss the kernels, which run after their launch returns).
+    """
+    if settings.device is None:
+        return steady_cpu_seconds(calls, settings)
+    samples = interleaved_samples(
+        calls,
+        settings.repeats * 3,
+        settings.min_repeat_seconds / 2,
+        time.perf_counter,
+        synchronizer(settings.device),
+    )
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def first_call_seconds(
@@ -134,7 +175,7 @@ def cpu_seconds() -> float:
 
 #: The modules that run fxviews' rewrite in a first call: each calls ``rewrite_in_place`` on the
 #: graphs it owns (the engine, the reshape and pinning steps, hygiene, the one recompile).
-_REWRITE_CALLERS = (compile_backend, transforming)
+_REWRITE_CALLERS = (compile_backend, dynamo_stage, transforming)
 
 
 @contextlib.contextmanager
@@ -197,6 +238,8 @@ def first_call(
         out = fn(*args)
         if backward:
             out.backward()
+        for device in devices_of(list(args)):  # the call ends when its kernels have run
+            synchronizer(str(device))()
         wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     return FirstCall(wall, cpu, engine[0])
 

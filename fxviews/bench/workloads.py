@@ -83,10 +83,18 @@ def dense_views(count: int) -> Callable[..., Any]:
     return generated
 
 
-def seed_batch(batch: int) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
-    """``batch`` samples of ``push_jvp``'s arguments, and the same stacked along dim 0."""
-    samples: list[tuple[torch.Tensor, ...]] = [seed_args() for _ in range(batch)]
+def seed_batch(
+    batch: int, device: str | None = None
+) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
+    """``batch`` samples of ``push_jvp``'s arguments, and the same stacked along dim 0, on
+    ``device`` (default CPU)."""
+    samples: list[tuple[torch.Tensor, ...]] = [on(device, seed_args()) for _ in range(batch)]
     return samples, tuple(torch.stack(column) for column in zip(*samples, strict=True))
+
+
+def on(device: str | None, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``tensors`` on ``device`` (None: left where they are)."""
+    return tensors if device is None else tuple(t.to(device) for t in tensors)
 
 
 def rewritten(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -32,7 +32,8 @@ request is the tensor's own geometry, and has no sharding strategy for ``aten.un
 5. AOTAutograd's ``gen_alias_from_base``, which remakes a compiled graph's outputs that alias
    an input with ``base.as_strided(global sizes, global strides, local shard's offset)``,
    answers DTensor bases itself (:func:`_dtensor_alias`); the handler refuses requests from
-   PyTorch's own copy, kept by graphs compiled before :func:`register`.
+   PyTorch's own copy, kept by graphs compiled before :func:`register` (from torch 2.13 on;
+   on 2.11 and 2.12 compiled graphs look the function up on each call, and get fxviews').
 
 Under ``torch.compile`` DTensor's ops are traced through the same handler table and strategy
 functions (on fake local tensors), so the compiled graph holds the chain's local views and the

@@ -131,7 +131,7 @@ def _rewrite_one(program: Any, strict: bool, copy_unfolds: bool, name: str) -> E
             f"fxviews.executorch expects torch.export ExportedPrograms; method {name!r} is a "
             f"{type(program).__name__}"
         )
-    result = rewrite_exported(program, strict, steps=edge_steps(copy_unfolds))
+    result = rewrite_exported(program, strict, steps=edge_steps(copy_unfolds), inference=True)
     rewritten = result.exported_program
     for node in rewritten.graph.nodes:
         if node.target in _FLAT_READS:

@@ -43,11 +43,13 @@ from typing import Any
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, OutputSpec
+from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec
 
+from fxviews.consumers.export_decisions import settle_decisions, training_decisions
 from fxviews.graph_rewriting import RewriteResult, RewriteSteps, rewrite_graph
-from fxviews.passes import FxViewsError
+from fxviews.passes import FxViewsError, Opset
 from fxviews.passes.graph_edits import pytree_spec_copies
+from fxviews.passes.torch_internals import set_grad_enabled, wrap_with_set_grad_enabled
 
 __all__ = ["ExportRewriteResult", "rewrite_exported"]
 
@@ -69,13 +71,17 @@ def rewrite_exported(
     strict: bool = False,
     example_inputs: Sequence[Any] | None = None,
     steps: RewriteSteps = RewriteSteps(),  # noqa: B008 - frozen: one shared default is safe
+    *,
+    inference: bool = False,
 ) -> ExportRewriteResult:
     """Rewrite every provably safe ``as_strided`` of an exported program, into a new program.
 
     Called by :func:`fxviews.rewrite` for an ``ExportedProgram``; the options are its own
     (``steps``: the opset and layout steps its arguments ask for). A training-IR program
     (``torch.export.export``'s default) is lowered first, with an empty decomposition table,
-    since that IR hides the as_strided of forward AD and autograd.
+    since that IR hides the as_strided of forward AD and autograd. Lowering inlines grad-mode
+    regions, so a program holding one is refused unless ``inference`` says no gradient will be
+    taken of the result (the ONNX and ExecuTorch consumers).
 
     Example::
 
@@ -88,11 +94,23 @@ def rewrite_exported(
             "example_inputs is for GraphModules without metadata; an ExportedProgram has it"
         )
     decomposed = program.dialect == "TRAINING"
+    if decomposed and not inference:
+        _refuse_grad_mode_regions(program)
+    # Note [Layout decisions in exported programs], read where the training IR still has them;
+    # for the aten opset only: a core-ATen program goes to an edge runtime, whose tensors have
+    # one layout, and has no reshape or contiguous to put back.
+    layouts = steps.opset is Opset.ATEN
+    returned = training_decisions(program.graph) if decomposed and layouts else None
     source = _run_decompositions(program) if decomposed else program
     # A program the steps leave alone stays exactly as it was (no dead code or alias dropped):
     # its compiler then sees what it would without fxviews.
     untouched_as_is = dataclasses.replace(steps, tidy_untouched=False)
-    result = rewrite_graph(source.graph_module, strict, steps=untouched_as_is)
+    settled, put_back = (
+        settle_decisions(source.graph_module, returned, _mutated_placeholders(source))
+        if layouts
+        else (source.graph_module, [])
+    )
+    result = rewrite_graph(settled, strict, steps=untouched_as_is)
     renames = _returned_renames(source.graph_module.graph, result.graph_module.graph)
     new_program = ExportedProgram(
         root=result.graph_module,
@@ -108,10 +126,10 @@ def rewrite_exported(
     return ExportRewriteResult(
         graph_module=new_program.graph_module,
         records=result.records,
-        modified=result.modified,
+        modified=result.modified or bool(put_back),
         code_before=result.code_before,
         seconds=result.seconds,
-        view_records=result.view_records,
+        view_records=[*put_back, *result.view_records],
         pin_records=result.pin_records,
         clone_records=result.clone_records,
         unfold_records=result.unfold_records,
@@ -120,11 +138,47 @@ def rewrite_exported(
     )
 
 
+def _refuse_grad_mode_regions(program: ExportedProgram) -> None:
+    """Refuse a training-IR program holding a grad-mode region (``with torch.no_grad():`` in the
+    exported code): lowering it out of the training IR inlines the region, and the rewritten
+    program's module would differentiate what the exported one does not (Note [What autograd
+    sees is part of the trace] in ``fxviews/autograd_structure.py``)."""
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            if node.target in (wrap_with_set_grad_enabled, set_grad_enabled):
+                raise FxViewsError(
+                    f"fxviews.rewrite cannot rewrite this exported program: its training IR "
+                    f"keeps a grad-mode region (node {node.name!r}), which lowering it out of that "
+                    f"IR (run_decompositions, which the rewrite needs to see the as_strided of "
+                    f"autograd) inlines, so the rewritten program's gradients would differ. For "
+                    f"inference, lower it yourself (ep.run_decompositions()) and rewrite that."
+                )
+
+
 def _run_decompositions(program: ExportedProgram) -> ExportedProgram:
     """``program`` out of the training IR with nothing decomposed that need not be (see the
     Note), which copies pytree specs (see pytree_spec_copies)."""
     with pytree_spec_copies():
         return program.run_decompositions(decomp_table={})
+
+
+def _mutated_placeholders(program: ExportedProgram) -> dict[str, str]:
+    """Each returned value a program writes into a user input or buffer -> that placeholder."""
+    signature = program.graph_signature
+    placeholders = {
+        spec.target: spec.arg.name
+        for spec in signature.input_specs
+        if spec.kind == InputKind.BUFFER and hasattr(spec.arg, "name")
+    }
+    placeholders.update({name: name for name in signature.user_inputs if isinstance(name, str)})
+    return {
+        spec.arg.name: placeholders[spec.target]
+        for spec in signature.output_specs
+        if spec.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)
+        and hasattr(spec.arg, "name")
+        and spec.target in placeholders
+    }
 
 
 def _returned(graph: torch.fx.Graph) -> list[Any]:

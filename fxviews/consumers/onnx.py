@@ -76,7 +76,7 @@ def export_onnx(
         >>> onnx_program.save("windows.onnx")
     """
     program = _export(model, args, kwargs, dynamic_shapes)
-    rewritten = rewrite_exported(program, strict=strict).exported_program
+    rewritten = rewrite_exported(program, strict=strict, inference=True).exported_program
     onnx_options.setdefault("verbose", False)
     table = onnx_options.pop("custom_translation_table", None) or {}
     table = {aten.as_strided_scatter.default: _as_strided_scatter_onnx, **table}
