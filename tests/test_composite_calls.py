@@ -13,6 +13,9 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
 from torch.autograd import forward_ad
 
 import fxviews
+from fxviews.composite_calls import CompositeCalls
+from fxviews.passes.torch_internals import FakeTensorMode
+from fxviews.recording import OpRecorder
 from fxviews.tracing import capture
 from tests.reference import assert_tree_close, assert_vmap_matches_per_sample, make_samples
 
@@ -96,3 +99,14 @@ def test_a_recording_keeps_the_calls_outside_transforms_whole(fn, whole) -> None
     recorded = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     kept = [t for t in recorded if t in (aten.linear.default, aten.matmul.default)]
     assert sorted(map(str, kept)) == sorted(map(str, whole))
+
+
+def test_a_call_run_unrecorded_is_not_recorded() -> None:
+    # As inside a custom autograd.Function's forward, kept as one node: its linear, on a tensor
+    # the forward made, is part of that node, never a node of its own.
+    x, w = torch.randn(6), torch.randn(5, 6)
+    recorder = OpRecorder([x], FakeTensorMode())
+    with CompositeCalls(recorder), recorder, recorder.unrecorded():
+        out = F.linear(x * 2, w)
+    assert_tree_close(out, F.linear(x * 2, w))
+    assert [n.op for n in recorder.graph.nodes] == ["placeholder"]
