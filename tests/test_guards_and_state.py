@@ -381,7 +381,6 @@ def test_cumulative_batch_norm_reads_its_counter_every_call(
     Python: a graph would keep the first call's factor. It runs eagerly, with eager's state."""
     bn, twin = (on_test_device(nn.BatchNorm1d(3, momentum=None)) for _ in range(2))
     tf = fxviews.transform(bn)
-    # At fxviews' own level: a library an earlier test imported may raise the root logger's.
     with caplog.at_level(logging.WARNING, logger="fxviews"):
         for _ in range(3):
             x = randn(4, 3)
