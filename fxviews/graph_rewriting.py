@@ -30,6 +30,8 @@ from fxviews.passes import (
     remove_dead_pure_nodes,
 )
 from fxviews.passes.as_strided_to_views import credit_engine, engine_made_nodes
+from fxviews.passes.bound_calls import bind_calls, bind_constants
+from fxviews.passes.constant_folding import fold_input_free_results
 from fxviews.passes.graph_edits import collector_paused, copy_graph
 from fxviews.passes.opsets import as_opset
 from fxviews.passes.torch_internals import LazyGraphModule
@@ -99,6 +101,9 @@ class RewriteSteps:
     compiler unchanged. ``against_eager_layouts=True`` proves an as_strided whose input's traced
     layout is not eager's against eager's layout instead of keeping it (for graphs another
     compiler runs, which may lay that input out either way; see AsStridedToViews).
+    ``bind_calls=True`` calls each op through its Python binding where that is the same call
+    (Note [Calling ops through their Python bindings]): for graphs fxviews only runs, never for
+    one another compiler reads.
 
     Example::
 
@@ -113,6 +118,7 @@ class RewriteSteps:
     guard_kept: bool = False
     copy_unfolds: bool = False
     against_eager_layouts: bool = False
+    bind_calls: bool = False
 
     @classmethod
     def of(
@@ -191,11 +197,13 @@ def rewrite_in_place(
     pin_layouts: bool = True,
     guard_kept: bool = True,
     against_eager_layouts: bool = False,
+    bind_calls: bool = False,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
     ``guard_kept`` puts the run-time guards of kept nodes in the graph (a Python call each, see
-    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend).
+    :class:`RewriteSteps`): False where the graph goes on to another compiler (the backend);
+    ``bind_calls`` calls its ops through their Python bindings (transform, which only runs it).
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
     callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
@@ -214,6 +222,7 @@ def rewrite_in_place(
         pin_layouts=pin_layouts,
         guard_kept=guard_kept,
         against_eager_layouts=against_eager_layouts,
+        bind_calls=bind_calls,
     )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
@@ -259,7 +268,13 @@ def _rewrite_steps(
             modified = True
     # Last: a guard is a Python call, which the alias analysis of every step would find opaque.
     guarded = guard_kept_nodes(gm, pinned.records) if steps.guard_kept else {}
-    modified = modified or bool(guarded)
+    tuned = 0
+    if steps.bind_calls:  # a graph only run (Note [Results that depend on no input] and
+        # [Calling ops through their Python bindings]): constants first, then bindings of
+        # the aten overloads every step reads
+        tuned = fold_input_free_results(gm) + bind_calls(gm)
+        bind_constants(gm)
+    modified = modified or bool(guarded) or bool(tuned)
     if modified:
         gm.recompile()
     return RewriteResult(

@@ -44,6 +44,7 @@ mode, which decides data dependence precisely (and says why a graph cannot captu
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -52,6 +53,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fxviews.autograd_structure import AutogradWatch
+from fxviews.composite_calls import CompositeCalls
 from fxviews.passes.source_lines import note_user_frames
 from fxviews.passes.torch_internals import (
     FakeTensor,
@@ -71,6 +73,7 @@ __all__ = [
     "ValueReads",
     "reads_values_into_shape",
     "record",
+    "recorded_node",
     "shaped_by_metadata",
 ]
 
@@ -101,9 +104,27 @@ def record(
     """
     recorder = OpRecorder(args, mode)
     autograd = AutogradWatch(recorder)  # Note [What autograd sees is part of the trace]
-    with ValueReads(), recorder:
-        outputs = autograd.run(call, *args)
+    active = _ACTIVE.set(recorder)
+    try:
+        # Note [Composite calls in a recording]: linear and matmul recorded whole.
+        with ValueReads(), CompositeCalls(recorder), recorder:
+            outputs = autograd.run(call, *args)
+    finally:
+        _ACTIVE.reset(active)
     return autograd.finish(recorder.graph_module(outputs))
+
+
+#: The recorder running on this thread (for :func:`recorded_node`).
+_ACTIVE: contextvars.ContextVar[OpRecorder | None] = contextvars.ContextVar(
+    "fxviews_recorder", default=None
+)
+
+
+def recorded_node(tensor: torch.Tensor) -> torch.fx.Node | None:
+    """The node the recording running now made for ``tensor`` (None if none records it), so
+    code around an op can annotate it (the gathers of :mod:`fxviews.tensor_indices`)."""
+    recorder = _ACTIVE.get()
+    return recorder.node_made_for(tensor) if recorder is not None else None
 
 
 def reads_values_into_shape(func: Any, args: Sequence[Any]) -> bool:
@@ -264,7 +285,8 @@ class OpRecorder(TorchDispatchMode):
         self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
     ) -> None:
         """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
-        autograd.Function kept as itself: Note [What autograd sees is part of the trace])."""
+        autograd.Function kept as itself: Note [What autograd sees is part of the trace]; a
+        composite call: Note [Composite calls in a recording])."""
         node_args = _map_arguments(self._node_of, tuple(args))
         node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
         self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
@@ -276,6 +298,29 @@ class OpRecorder(TorchDispatchMode):
             node.meta["val"] = type(out)(self._track_item(node, i, o) for i, o in enumerate(out))
         else:
             node.meta["val"] = out
+
+    def record_new_result(
+        self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """:meth:`record_call` for a call whose schema returns new memory (a composite call kept
+        whole); refused where ``out`` is not one tensor of memory none of its arguments holds."""
+        arguments = {
+            storage_identity(leaf)
+            for leaf in pytree.tree_leaves((args, kwargs))
+            if isinstance(leaf, torch.Tensor)
+        }
+        if not isinstance(out, torch.Tensor) or storage_identity(out) in arguments:
+            raise NotRecordable(f"{target} returned memory one of its arguments holds")
+        self.record_call(target, args, kwargs, out)
+
+    @property
+    def recording(self) -> bool:
+        """Whether ops run now are recorded (not inside an :meth:`unrecorded` block)."""
+        return self._unrecorded == 0
+
+    def node_made_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
+        """The node recorded for ``tensor``, None if the recording has not seen it."""
+        return self._nodes.get(id(tensor))
 
     def graph_module(self, outputs: Any) -> torch.fx.GraphModule:
         """The recorded graph returning ``outputs`` (a flat list), constants held by reference."""

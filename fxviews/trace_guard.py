@@ -39,12 +39,17 @@ from fxviews.passes.torch_internals import (
     pytree,
 )
 from fxviews.recording import reads_values_into_shape
+from fxviews.tensor_indices import TensorIndexGathers, refuse_observable_gathers
 
 __all__ = ["ConstantRead", "DataDependentOp", "TraceGuard", "traced_under_guard"]
 
 
 class DataDependentOp(RuntimeError):
-    """A real-mode trace met an op whose result depends on tensor values."""
+    """A real-mode trace met an op whose result depends on tensor values (``func``)."""
+
+    def __init__(self, func: Any) -> None:
+        super().__init__(f"it calls {func}, whose result depends on tensor values")
+        self.func = func
 
 
 class ConstantRead(RuntimeError):
@@ -68,13 +73,17 @@ def traced_under_guard(
     # wraps: make_fx names the graph's inputs after the innermost wrapped function's parameters.
     @functools.wraps(call)
     def guarded(*inputs: Any) -> Any:
-        with guard:
+        # A 0-d tensor index is the gather eager vmap runs (Note [A 0-d integer tensor as an
+        # index]), checked once the graph is whole.
+        with guard, TensorIndexGathers():
             return call(*inputs)
 
     try:
-        return tracer(guarded)
+        gm = tracer(guarded)
     finally:
         guard.restore_foreign_writes()
+    refuse_observable_gathers(gm)
+    return gm
 
 
 class TraceGuard(TorchDispatchMode):
@@ -126,7 +135,7 @@ class TraceGuard(TorchDispatchMode):
         refusing = self._refuse_data_dependent or self._refuse_constant_reads
         if refusing and reads_values_into_shape(func, args):
             if self._refuse_data_dependent:
-                raise DataDependentOp(f"it calls {func}, whose result depends on tensor values")
+                raise DataDependentOp(func)
             if not any(isinstance(t, FakeTensor) for t in _tensor_arguments(args)):
                 raise ConstantRead(f"it reads the value of a tensor it closes over ({func})")
         refuse_negative_request(func, args, kwargs)  # as eager does, not as fake mode fails

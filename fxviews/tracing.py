@@ -45,11 +45,9 @@ needed; ``fxviews.rewrite`` carries it into its result and printout.
 from __future__ import annotations
 
 import contextlib
-import dis
 import inspect
 import logging
 import threading
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -59,6 +57,7 @@ from torch.overrides import TorchFunctionMode
 from fxviews.arguments import check_flags
 from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_like
 from fxviews.call_layouts import fake_sample, real_sample, sample_bytes
+from fxviews.failure_messages import Failure, describe, instruction_at, user_line
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
 from fxviews.passes import FxViewsError
@@ -84,6 +83,7 @@ from fxviews.passes.torch_internals import (
 )
 from fxviews.printouts import FAKE_MODE, RECORDED
 from fxviews.recording import ReadsMemory, record
+from fxviews.tensor_indices import ObservableGather
 from fxviews.torch_state import preserved_torch_state
 from fxviews.trace_guard import ConstantRead, DataDependentOp, TraceGuard, traced_under_guard
 
@@ -196,14 +196,7 @@ def raised_by_user_code(err: BaseException | None) -> bool:
         tb = tb.tb_next
     if internal_frame(tb.tb_frame):
         return False
-    return _instruction_at(tb.tb_frame.f_code, tb.tb_lasti) in ("RAISE_VARARGS", "RERAISE")
-
-
-def _instruction_at(code: types.CodeType, offset: int) -> str | None:
-    for instruction in dis.get_instructions(code):
-        if instruction.offset == offset:
-            return instruction.opname
-    return None
+    return instruction_at(tb.tb_frame.f_code, tb.tb_lasti) in ("RAISE_VARARGS", "RERAISE")
 
 
 def trace(
@@ -266,7 +259,7 @@ def capture(
     messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
     """
     call = deciding_at_run_time(_positional(fn, len(args)))
-    reads_memory = False  # the recording saw fn read tensor memory from Python
+    memory_read = None  # the recording's error where it saw fn read tensor memory from Python
     with tracing_lock, _capturing():
         if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
@@ -280,7 +273,7 @@ def capture(
                 raise_if_device_failed(err, devices_of(list(args)), f"recording {name}")
                 if raised_by_user_code(err):
                     raise
-                reads_memory = isinstance(err, ReadsMemory)
+                memory_read = err if isinstance(err, ReadsMemory) else None
                 logger.debug("fxviews: %s is traced in fake mode: %s", name, first_line(err))
         mode = exact_fake_mode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fake_args = _fake_examples(args, mode, fresh)
@@ -308,17 +301,14 @@ def capture(
             raise_if_device_failed(err, devices_of(list(args)), f"tracing {name} in fake mode")
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
-        if reads_memory and not _is_fake_mode_limitation(fake_error):
-            raise TracingError(
-                f"{caller} could not trace {name}: it reads tensor memory from Python (`tolist`, "
-                f"`numpy`, ...), so values leave the graph, which one graph cannot capture for "
-                f"every value. ({type(fake_error).__name__}: {first_line(fake_error)})",
-                "reads tensor values",
-            ) from fake_error
+        if memory_read is not None and not _is_fake_mode_limitation(fake_error):
+            message = describe(Failure.READS_MEMORY, caller, name, memory_read)
+            raise TracingError(message, "reads tensor values") from fake_error
         if not _is_fake_mode_limitation(fake_error):
+            where = user_line(fake_error)
             raise TracingError(
-                f"{caller} could not trace {name} ({type(fake_error).__name__}: "
-                f"{first_line(fake_error)})",
+                f"{caller} could not trace {name}{f' ({where})' if where else ''}: "
+                f"{type(fake_error).__name__}: {first_line(fake_error)}",
                 "untraceable",
             ) from fake_error
         gm = drop_decompositions(
@@ -517,38 +507,38 @@ class _BranchDetector(TorchFunctionMode):
 
 
 def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> None:
-    """Raise a :class:`TracingError` for failures no tracing mode can get around."""
-    prefix = f"{caller} could not trace {name}"
+    """Raise a :class:`TracingError` for failures no tracing mode can get around, said in the
+    terms of the user's code (Note [Messages in the user's terms])."""
     if isinstance(err, NotKept):
         raise _autograd_not_kept(err, caller, name) from err
     if isinstance(err, FxViewsError) or raised_by_user_code(err):
         raise err
+    found = _failure_of(err)
+    if found is not None:
+        failure, cause = found
+        op = getattr(err, "func", None)
+        raise TracingError(describe(failure, caller, name, err, op=op), cause) from err
+
+
+def _failure_of(err: Exception) -> tuple[Failure, str] | None:
+    """What depends on tensor values in ``err`` (and the :class:`TracingError` cause), or None
+    for a failure of another kind."""
     if isinstance(err, _TensorBranch):
-        raise TracingError(
-            f"{prefix}: its Python control flow depends on tensor values (e.g. "
-            f"`if x.sum() > 0:`), which one graph cannot capture. Use torch.where or "
-            f"torch.cond instead. ({err})",
-            "control flow",
-        ) from err
+        return Failure.BRANCH, "control flow"
+    if isinstance(err, DynamicOutputShapeException):
+        return Failure.VALUE_SHAPED_OUTPUT, "data-dependent shape"
     if isinstance(err, _DATA_DEPENDENT):
-        raise TracingError(
-            f"{prefix}: a shape, index or Python number in it is computed from tensor values "
-            f"(e.g. `x[:int(x.sum())]` or `torch.nonzero`), which one graph cannot capture "
-            f"for every value. ({first_line(err)})",
-            "data-dependent shape",
-        ) from err
+        where = user_line(err)
+        if where is not None and where.is_condition:
+            return Failure.VALUE, "control flow"
+        return Failure.VALUE, "data-dependent shape"
     if isinstance(err, ConstantRead):
-        raise TracingError(
-            f"{prefix}: {err}; eager PyTorch reads it again on every call, a graph would bake "
-            f"in this call's value.",
-            "reads tensor values",
-        ) from err
+        return Failure.CLOSED_OVER_VALUE, "reads tensor values"
+    if isinstance(err, ObservableGather):
+        return Failure.OBSERVABLE_GATHER, "data-dependent shape"
     if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
-        raise TracingError(
-            f"{prefix}: it uses a tensor wrapped by an enclosing torch.func transform that is "
-            f"not one of its arguments (captured by a closure?). Pass that tensor as an argument.",
-            "closure over a transformed tensor",
-        ) from err
+        return Failure.WRAPPED_CLOSURE, "closure over a transformed tensor"
+    return None
 
 
 def _autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
@@ -632,12 +622,8 @@ def _capture_real(
     except NotKept as err:
         raise _autograd_not_kept(err, caller, name) from err
     except DataDependentOp as err:
-        raise TracingError(
-            f"{caller} could not trace {name}: {err}, so its output shapes or values depend on "
-            f"tensor values in a way one graph cannot capture. (Fake mode had failed first: "
-            f"{first_line(fake_error)})",
-            "data-dependent shape",
-        ) from err
+        message = describe(Failure.VALUE_SHAPED_OUTPUT, caller, name, err, op=err.func)
+        raise TracingError(message, "data-dependent shape") from err
     except Exception as err:  # noqa: BLE001 - both modes failed: report both causes
         raise_if_device_failed(err, devices_of(real_args), f"tracing {name} in real mode")
         raise TracingError(

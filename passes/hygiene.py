@@ -26,7 +26,7 @@ import torch.fx
 
 from .graph_edits import OutputDeferringReplacer
 from .op_tables import METADATA_MUTATIONS
-from .torch_internals import OpOverload, is_impure, op_schema
+from .torch_internals import OpOverload, is_impure, op_schema, unsafe_view
 
 aten = torch.ops.aten
 
@@ -84,8 +84,30 @@ def remove_dead_pure_nodes(gm: torch.fx.GraphModule, recompile: bool = True) -> 
     return erased
 
 
+#: View ops that return an alias of their input when their result has its input's shape:
+#: expanding or reshaping a tensor to the shape it has (matmul's decomposition does it).
+_VIEWS_TO_OWN_SHAPE = frozenset(
+    {aten.expand.default, aten.view.default, aten.reshape.default, unsafe_view}
+)
+
+
+def _is_alias(node: torch.fx.Node) -> bool:
+    """``alias(a)``, or a view op that gives ``a`` its own shape: ``a``'s memory and layout."""
+    if node.target is aten.alias.default:
+        return True
+    if node.target not in _VIEWS_TO_OWN_SHAPE or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    result, source = node.meta.get("val"), node.args[0].meta.get("val")
+    if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
+        return False
+    shapes = (*result.shape, *source.shape)
+    return all(isinstance(size, int) for size in shapes) and result.shape == source.shape
+
+
 def drop_redundant_aliases(gm: torch.fx.GraphModule, recompile: bool = True) -> bool:
-    """Replace ``alias(a)`` by ``a`` wherever nobody can tell them apart, in place.
+    """Replace ``alias(a)`` by ``a`` wherever nobody can tell them apart, in place; likewise a
+    view of ``a`` to its own shape (``expand``, ``view``, ``reshape``, ``_unsafe_view``),
+    which is an alias of it for every layout (under ``vmap`` too: the shapes are per sample).
 
     An alias has its input's memory and layout, so an op that reads it or writes its values
     sees the same either way. Kept are aliases whose users change metadata in place
@@ -104,7 +126,7 @@ def drop_redundant_aliases(gm: torch.fx.GraphModule, recompile: bool = True) -> 
     torch.fx.node.map_arg(output.args, lambda n: returned.__setitem__(n, returned.get(n, 0) + 1))
     dropped = []
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.alias.default:
+        if node.op != "call_function" or not _is_alias(node):
             continue
         source = node.args[0]
         if not isinstance(source, torch.fx.Node):

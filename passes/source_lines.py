@@ -96,7 +96,7 @@ def source_line(node: torch.fx.Node) -> str | None:
     if not frames:
         return None
     file, line, name = frames[-1]
-    return _format_frame(file, line, name.strip())
+    return format_frame(file, line, name.strip())
 
 
 def calling_user_line() -> str | None:
@@ -110,11 +110,12 @@ def calling_user_line() -> str | None:
         'train.py:2, in model_step'
     """
     frames = user_frames(inspect.currentframe())
-    return _format_frame(*frames[-1]) if frames else None
+    return format_frame(*frames[-1]) if frames else None
 
 
-def _format_frame(file: str, line: int | str, name: str) -> str:
-    return f"{_short(file)}:{line}, in {name}"
+def format_frame(file: str, line: int | str, name: str) -> str:
+    """``file:line, in name``, the file relative to the working directory when below it."""
+    return f"{short_path(file)}:{line}, in {name}"
 
 
 def describe_node(node: torch.fx.Node) -> str:
@@ -123,7 +124,7 @@ def describe_node(node: torch.fx.Node) -> str:
     return f"{node.name!r}" if line is None else f"{node.name!r} ({line})"
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else as it is."""
     try:
         relative = os.path.relpath(path)
@@ -137,9 +138,11 @@ __all__ = [
     "NOTED_OPS",
     "calling_user_line",
     "describe_node",
+    "format_frame",
     "internal_frame",
     "internal_module",
     "note_user_frames",
+    "short_path",
     "source_line",
     "user_frames",
 ]

@@ -114,7 +114,8 @@ try:
 
     # A real-mode trace takes one sample's values from an argument a transform wrapped: unwrap
     # a level (get_unwrapped), and the batch dim of a vmapped one (is_batchedtensor,
-    # maybe_get_bdim). 2.0.
+    # maybe_get_bdim). 2.0. The innermost active torch.func transform (peek_interpreter_stack,
+    # None outside all): a recording keeps a composite call as one node only outside them. 2.0.
     # A layout-deciding call on a functionalized tensor is left as traced (Note [Layout
     # decisions at run time]): is_functionaltensor, 2.0.
     from torch._C._functorch import (
@@ -124,6 +125,7 @@ try:
         is_functionaltensor,
         is_functorch_wrapped_tensor,
         maybe_get_bdim,
+        peek_interpreter_stack,
         set_inplace_requires_grad_allowed,
     )
     from torch._C._functorch import (
@@ -680,6 +682,7 @@ BOUND_NAMES = (
     "maybe_get_bdim",
     "functorch_layer_depth",
     "get_inplace_requires_grad_allowed",
+    "peek_interpreter_stack",
     "pop_functorch_layers_to",
     "set_inplace_requires_grad_allowed",
     "PreserveDispatchKeyGuard",

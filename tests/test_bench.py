@@ -28,8 +28,10 @@ from fxviews.bench import (
     workloads,
     zoo,
 )
+from fxviews.bench.models import MODELS
 from fxviews.examples import push_jvp, seed_args
 from fxviews.passes.device_faults import DeviceFailure
+from tests.real_models import require_zoo_or_skip
 
 # Rows that each trace one small function and compile nothing: seconds, not tens of seconds.
 FAST_ROWS = ("vmap", "graph", "overhead")
@@ -42,7 +44,16 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
         cli,
         "QUICK",
         settings.Settings(
-            1, 0.0, (8, 64), (1_000,), 1, False, dense_views=20, models=("mobilenet",), memory_mb=8
+            1,
+            0.0,
+            (8, 64),
+            (1_000,),
+            1,
+            False,
+            dense_views=20,
+            models=("mobilenet",),
+            memory_mb=8,
+            small_programs=("rotary", "q_value"),
         ),
     )
 
@@ -136,6 +147,13 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
         assert (line["aot/eager first"] is None) == ("aot: n/a" in line["note"])
     steady = [line["tf/eager"] for line in models[:-1]]
     assert models[-1]["tf/eager"] == pytest.approx(sum(steady) / 2)  # the median of two
+    # Row 12: each small program on both paths, then the median and the largest ratio.
+    small = rows["small"]
+    assert [line["program"] for line in small] == ["rotary", "q_value", "median", "largest"]
+    for line in small[:2]:
+        assert all(line[k] > 0 for k in ("eager_s", "tf_s", "eager_first_s", "tf_first_s"))
+        assert line["tf/eager"] == line["tf_s"] / line["eager_s"]
+    assert small[3]["tf/eager"] == max(line["tf/eager"] for line in small[:2])
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 
@@ -173,6 +191,26 @@ def test_row_8_says_why_a_zoo_model_cannot_run(monkeypatch, capsys) -> None:
     assert lines["median", ""]["tf/eager"] == pytest.approx(
         (lines["mobilenet", "grads"]["tf/eager"] + lines["mobilenet", "jvp"]["tf/eager"]) / 2
     )
+
+
+def test_row_8_measures_the_zoo(capsys) -> None:
+    """The bench's zoo rows run where the real-model tests do (``FXVIEWS_REQUIRE_ZOO=1`` in CI):
+    every zoo program measured on every path that can capture it, at a tiny image side."""
+    require_zoo_or_skip("torchvision", "timm")
+    zoo_models = tuple(name for name, spec in MODELS.items() if spec.library)
+    tiny_zoo = settings.Settings(1, 0.0, (8,), (1_000,), 1, False, models=zoo_models,
+                                 zoo_image_side=32)  # fmt: skip
+    tables = bench.run_rows(["models"], tiny_zoo, None)
+    assert "n/a (" not in capsys.readouterr().out  # every library imported
+    assert report.failed_paths(tables) == []
+    *lines, median = tables["models"]
+    assert [(line["model"], line["program"]) for line in lines] == [
+        (name, kind) for name in zoo_models for kind in MODELS[name].programs
+    ]
+    for line in lines:
+        assert line["tf_first_s"] > 0 and line["eager_first_s"] > 0 and line["tf/eager"] > 0
+        assert 0 < line["share_%"] < 100
+    assert median["model"] == "median" and median["tf/eager"] > 0
 
 
 def test_row_8_medians_are_by_group_when_written_and_zoo_models_ran() -> None:

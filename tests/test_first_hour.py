@@ -263,3 +263,23 @@ def test_a_long_note_is_printed_under_its_table_so_rows_stay_within_the_width() 
     assert max(len(line) for line in lines) <= 100
     assert [line.split()[-1] for line in lines[2:5]] == ["[1]", "[1]", "short"]
     assert " ".join(lines[5:]).replace("  ", " ").startswith("[1] aot: n/a, it cannot capture")
+
+
+# --- the real-model tests: skipped with the reason, or failed where CI requires them ---------
+
+
+@pytest.mark.parametrize("required", ["", "1"])
+def test_a_missing_zoo_library_skips_the_real_models_or_fails_them_where_required(
+    required: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fxviews.bench import zoo
+    from tests.real_models import REQUIRE_ZOO, require_zoo_or_skip
+
+    monkeypatch.setenv(REQUIRE_ZOO, required)
+    monkeypatch.setattr(zoo, "unavailable", lambda library: f"{library} does not import: boom")
+    expected = pytest.fail.Exception if required else pytest.skip.Exception
+    with pytest.raises(expected, match="torchvision does not import: boom") as caught:
+        require_zoo_or_skip("torchvision")
+    assert (REQUIRE_ZOO in str(caught.value)) == bool(required)
+    monkeypatch.setattr(zoo, "unavailable", lambda library: None)
+    require_zoo_or_skip("torchvision", "timm")  # both import: the test runs

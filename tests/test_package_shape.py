@@ -180,3 +180,17 @@ def test_make_test_runs_the_lint_gate_before_pytest():
     steps = ["ruff check .", "ruff format --check .", "mypy", "-m pytest"]
     found = [next(i for i, line in enumerate(dry_run) if step in line) for step in steps]
     assert found == sorted(found), dry_run
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_installs_no_zoo_beside_the_cpu_torch():
+    # The index's torchvision for torch 2.13.0 is a CUDA build that fails to import beside the
+    # CPU torch (timm imports torchvision): `make test` must not install what cannot import.
+    dry_run = subprocess.run(
+        ["make", "-n", "-B", "setup"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    installs = [line for line in dry_run.splitlines() if "pip install" in line]
+    assert installs, dry_run
+    assert not [line for line in installs if "torchvision" in line or "timm" in line]
+    extras = [line.split("'.[")[1].split("]")[0].split(",") for line in installs if "'.[" in line]
+    assert extras and all("zoo" not in names for names in extras), installs

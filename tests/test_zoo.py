@@ -6,7 +6,8 @@ through ``functional_call`` and ``jvp`` of each, under ``vmap`` with the images'
 physically at 0, 1 and last, must equal the same program run eagerly one sample at a time,
 with no eager fallback; and ``transform``'s first trace of each is recorded on a sample
 (Note [Recording a real trace]), not a fake-mode trace after a refused recording. Skipped where
-torchvision or timm is not installed (the extra ``fxviews[zoo]``) or does not import.
+torchvision or timm is not installed (the extra ``fxviews[zoo]``) or does not import; failed
+there instead under ``FXVIEWS_REQUIRE_ZOO=1`` (:mod:`tests.real_models`).
 """
 
 from __future__ import annotations
@@ -18,17 +19,16 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.bench import zoo
 from fxviews.bench.models import MODELS, build, program
 from fxviews.printouts import RECORDED
 from fxviews.tracing import TRACED_WITH, capture
+from tests.real_models import require_zoo_or_skip
 from tests.reference import assert_tree_close, per_sample_reference, stack_batched
 
 # Not pytest.importorskip: a torchvision built for another torch fails to import with a
-# RuntimeError, not an ImportError; zoo.unavailable says either reason.
-for _library in ("torchvision", "timm"):
-    if zoo.unavailable(_library):
-        pytest.skip(zoo.unavailable(_library), allow_module_level=True)
+# RuntimeError, not an ImportError; zoo.unavailable says either reason. Under
+# FXVIEWS_REQUIRE_ZOO=1 (CI's zoo virtualenv) that reason fails the module instead.
+require_zoo_or_skip("torchvision", "timm")
 
 ZOO = [name for name, spec in MODELS.items() if spec.library]
 PROGRAMS = [(name, kind) for name in ZOO for kind in MODELS[name].programs]

@@ -1,6 +1,6 @@
 """``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
 
-Ten tables, each a set of timings taken in this run with ratios beside them (ratios measured
+Twelve tables, each a set of timings taken in this run with ratios beside them (ratios measured
 in one process on one machine are what compare; absolute times move with the machine). The
 timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 
@@ -26,22 +26,29 @@ timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
                    in fresh interpreters.
 10. ``memory``     peak memory of ``transform``'s first call vs eager on a large input, called
                    directly and under ``vmap``, in fresh interpreters.
+11. ``user_as_strided`` research programs that write their own ``as_strided`` (im2col,
+                   log-mel, Hankel, Takens, windows) under ``vmap`` and ``vmap(grad)``,
+                   compiled: ``backend="fxviews"`` vs Inductor and ``aot_eager``.
+12. ``small``      programs of a few ops each (a KV-cache write, rotary embeddings, a GRU step,
+                   an optimizer step, a window sum, ...) under ``vmap``, B=3: ``transform``
+                   vs eager, steady-state call and first call.
 
-Rows 1, 4 and 5 and row 7's steady state report the minimum CPU time over interleaved repeats,
-which resolves the microseconds they compare on a loaded machine; rows 2 and 3 the median wall
-time. The first calls of rows 6 and 7 report CPU time beside wall time and, in the full run,
-time each compile in a fresh interpreter (Note [Cold compiles]). torch runs on one thread
-unless ``--threads`` says otherwise, so that timings do not depend on how busy the other cores
-are. A row whose dependency cannot run here prints ``n/a (reason)`` instead of a number; a measured
-path that raises prints ``n/a (error: ...)`` and makes the run exit with status 1.
+Rows 1, 4 and 5 and the steady states of rows 7, 11 and 12 report the minimum CPU time over
+interleaved repeats, which resolves the microseconds they compare on a loaded machine; rows 2
+and 3 the median wall time. The first calls of rows 6 and 7 report CPU time beside wall time
+and, in the full run, time each compile in a fresh interpreter (Note [Cold compiles]). torch
+runs on one thread unless ``--threads`` says otherwise, so that timings do not depend on how
+busy the other cores are. A row whose dependency cannot run here prints ``n/a (reason)``
+instead of a number; a measured path that raises prints ``n/a (error: ...)`` and makes the run
+exit with status 1.
 
 The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
-``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7),
+``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7, 11),
 ``rows_models``, ``models`` and ``zoo`` (row 8 and its models), ``rows_first_hour`` (rows 9
-and 10), ``workloads`` (the functions measured), ``compile_paths`` and ``cold`` (compiled
-paths and their first calls in fresh interpreters), ``timing`` (the timers), ``report`` (cells
-and tables), ``output`` (the progress line, PyTorch's warnings collected) and ``plots``
-(``--plot``'s charts).
+and 10), ``rows_small`` and ``small_programs`` (row 12 and its programs), ``workloads`` (the
+functions measured), ``compile_paths`` and ``cold`` (compiled paths and their first calls in
+fresh interpreters), ``timing`` (the timers), ``report`` (cells and tables), ``output`` (the
+progress line, PyTorch's warnings collected) and ``plots`` (``--plot``'s charts).
 ``bench --help`` prints :data:`~fxviews.bench.cli.DESCRIPTION`, not this docstring.
 """
 

@@ -92,6 +92,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "steady, first call (cpu)",
         "fxviews.bench.rows_compile:bench_user_as_strided",
     ),
+    "small": (
+        "12. small programs under vmap, B=3: transform vs eager, steady state and first call",
+        "fxviews.bench.rows_small:bench_small",
+    ),
 }
 
 #: Row names, in the order they run and print.
@@ -139,9 +143,12 @@ Time fxviews against the alternatives, every comparison measured side by side in
               research programs (im2col, log-mel, Hankel, Takens, windows) that write their own
               as_strided, under vmap and vmap(grad), compiled: backend="fxviews" vs Inductor
               and aot_eager, steady state and first call
+  small       programs of a few ops (a KV-cache write, rotary embeddings, a GRU step, an
+              optimizer step, a window sum, ...) under vmap: transform vs eager, per call
+              and first call
 
-Rows 1, 4, 5, 7 and 11 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
-median wall time. torch runs on one thread unless --threads says otherwise. A path that
+Rows 1, 4, 5, 7, 11 and 12 report the minimum CPU time over interleaved repeats, rows 2 and 3
+the median wall time. torch runs on one thread unless --threads says otherwise. A path that
 cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
 exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized
 after its table.

@@ -172,6 +172,9 @@ SHORT_HEADERS.update(
     }
 )
 
+#: Printed names of row 12's columns.
+SHORT_HEADERS.update({"eager_s": "eager", "tf_s": "tf"})
+
 #: What a column means where its header cannot say it: printed under every table that has it.
 LEGENDS = {
     "vmap_floor_s": "floor: vmap of a function that returns its inputs, the cost every vmap "

@@ -40,6 +40,8 @@ class Settings:
         "vit", "resnet", "mobilenet", "encoder", "resnet18", "mobilenet_v3_small", "vit_tiny"
     )  # fmt: skip
     zoo_image_side: int = 64  # the zoo's images in row 8 (a multiple of 16, for the ViT)
+    # Row 12's programs (fxviews.bench.small_programs), by name; None: every one.
+    small_programs: tuple[str, ...] | None = None
     memory_mb: int = 256  # row 10's input: push_jvp's three tensors, this many MB in all
     compiled_batch: int = COMPILED_BATCH  # row 7's batch
     models_batch: int = MODELS_BATCH  # row 8's samples per batch
