@@ -443,6 +443,53 @@ def _standard_basis_chunks(
         yield tuple(chunk)
 
 
+def close_abandoned_checkpoints(err: BaseException) -> None:
+    """Close the ``torch.utils.checkpoint`` calls that ``err`` left open, innermost first.
+
+    Non-reentrant ``checkpoint`` runs the checkpointed function between two steps of a
+    generator that pushes saved-tensor hooks on its first step and pops them on its second.
+    From 2.13 it throws an exception the function raises into that generator, which pops them.
+    Before (2.11, 2.12) it lets the exception pass: the hooks stay pushed until the garbage
+    collector closes the generator, which then pops whatever hooks are innermost at that
+    moment, and meanwhile every op saves through the abandoned checkpoint (a later eager
+    checkpoint's backward then raises "Recomputed values ... have different metadata", a
+    ``torch.func.grad`` "don't yet support saved tensor hooks"). On those releases this closes
+    each generator left suspended in a frame of ``checkpoint`` on ``err``'s tracebacks (its
+    causes' and contexts' included), as 2.13 does on the spot; on later ones it does nothing.
+
+    Example::
+
+        >>> try:
+        ...     checkpoint(fails, x, use_reentrant=False)
+        ... except ValueError as err:
+        ...     close_abandoned_checkpoints(err)
+    """
+    if TORCH_RELEASE >= (2, 13):
+        return
+    import inspect
+
+    from torch.utils import checkpoint as checkpointing
+
+    code = inspect.unwrap(checkpointing.checkpoint).__code__
+    generators = []
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        pending += [error.__cause__, error.__context__]
+        traceback = error.__traceback__
+        while traceback is not None:
+            if traceback.tb_frame.f_code is code:
+                generators.append(traceback.tb_frame.f_locals.get("gen"))
+            traceback = traceback.tb_next
+    for generator in reversed(generators):  # innermost first: each pops its own hooks
+        if isinstance(generator, types.GeneratorType) and generator.gi_frame is not None:
+            generator.close()
+
+
 def is_boxed_call(compiled: object) -> bool:
     """Whether AOTAutograd calls ``compiled`` with one list of arguments (``_boxed_call``, 2.0)."""
     return getattr(compiled, "_boxed_call", False)
@@ -677,6 +724,7 @@ BOUND_NAMES = (
     "is_boxed_call",
     "TORCH_RELEASE",
     "traceable_jacobian_basis",
+    "close_abandoned_checkpoints",
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",
