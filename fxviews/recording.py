@@ -44,6 +44,7 @@ mode, which decides data dependence precisely (and says why a graph cannot captu
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -58,8 +59,10 @@ from fxviews.passes.torch_internals import (
     FakeTensorMode,
     LazyGraphModule,
     TorchDispatchMode,
+    disable_current_modes,
     efficient_zero_tensor,
     has_meta_kernel,
+    no_torch_function,
     pytree,
     storage_identity,
 )
@@ -69,6 +72,7 @@ __all__ = [
     "OpRecorder",
     "ReadsMemory",
     "ValueReads",
+    "below_torch_functions",
     "reads_values_into_shape",
     "record",
     "shaped_by_metadata",
@@ -208,6 +212,24 @@ class ValueReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def below_torch_functions(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A dispatch mode's ``__torch_dispatch__`` run with torch function handling off.
+
+    An op reaches a dispatch mode with the trace's torch function modes popped when the
+    function called it from Python. One that autograd's C++ dispatches itself (the ``detach``
+    of a custom Function's output it saves for backward) comes with them still on, and the
+    handler's own reads (``untyped_storage``, the result's meta twin) would meet them as the
+    function's: the recording would refuse its own bookkeeping.
+    """
+
+    @functools.wraps(handler)
+    def run(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with no_torch_function():
+            return handler(self, func, types, args, kwargs)
+
+    return run
+
+
 class OpRecorder(TorchDispatchMode):
     """A dispatch mode that runs every op for real and records it as a graph node."""
 
@@ -226,6 +248,7 @@ class OpRecorder(TorchDispatchMode):
             node = self.graph.placeholder(f"arg{position}_1")
             self._track(tensor, node)
 
+    @below_torch_functions
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func is efficient_zero_tensor:
@@ -264,10 +287,15 @@ class OpRecorder(TorchDispatchMode):
         self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
     ) -> None:
         """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
-        autograd.Function kept as itself: Note [What autograd sees is part of the trace])."""
-        node_args = _map_arguments(self._node_of, tuple(args))
-        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
-        self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
+        autograd.Function kept as itself: Note [What autograd sees is part of the trace]).
+
+        Called from ``fn``'s side of the modes, not from a handler: the bookkeeping (storage
+        reads, the result's meta tensors) runs below them all, or the recording would refuse
+        its own storage reads as ``fn``'s and record its meta tensors as ``fn``'s ops."""
+        with no_torch_function(), disable_current_modes():
+            node_args = _map_arguments(self._node_of, tuple(args))
+            node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+            self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
 
     def _bind_result(self, node: torch.fx.Node, out: Any) -> None:
         if isinstance(out, torch.Tensor):
