@@ -65,6 +65,7 @@ from fxviews.passes.torch_internals import (
     no_torch_function,
     pytree,
     storage_identity,
+    temporarily_clear_interpreter_stack,
 )
 
 __all__ = [
@@ -287,12 +288,8 @@ class OpRecorder(TorchDispatchMode):
         self, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], out: Any
     ) -> None:
         """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
-        autograd.Function kept as itself: Note [What autograd sees is part of the trace]).
-
-        Called from ``fn``'s side of the modes, not from a handler: the bookkeeping (storage
-        reads, the result's meta tensors) runs below them all, or the recording would refuse
-        its own storage reads as ``fn``'s and record its meta tensors as ``fn``'s ops."""
-        with no_torch_function(), disable_current_modes():
+        autograd.Function kept as itself: Note [What autograd sees is part of the trace])."""
+        with self._from_fn_side():
             node_args = _map_arguments(self._node_of, tuple(args))
             node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
             self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
@@ -318,13 +315,26 @@ class OpRecorder(TorchDispatchMode):
 
     def node_for(self, tensor: torch.Tensor) -> torch.fx.Node:
         """The node standing for ``tensor`` (a constant's ``get_attr`` the first time)."""
-        return self._node_of(tensor)
+        with self._from_fn_side():
+            return self._node_of(tensor)
 
     def rebind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         """Make ``node`` (added to :attr:`graph` by the caller) stand for ``tensor``, a result of
         an op recorded already: later ops read it through ``node`` (Note [Layout decisions at
         run time])."""
-        self._bind(tensor, node)
+        with self._from_fn_side():
+            self._bind(tensor, node)
+
+    @contextlib.contextmanager
+    def _from_fn_side(self) -> Iterator[None]:
+        """For the bookkeeping of :meth:`record_call`, :meth:`node_for` and :meth:`rebind`,
+        which the tracer calls from ``fn``'s side, not from this mode's handler: below every
+        torch function and dispatch mode (or the recording would refuse its own storage reads
+        as ``fn``'s, and record the meta tensors it makes as ``fn``'s ops), and outside
+        ``fn``'s own ``torch.func`` transforms (a level of ``fn``'s ``grad`` would wrap those
+        meta tensors, and a node's value would be a wrapper with no storage)."""
+        with no_torch_function(), disable_current_modes(), temporarily_clear_interpreter_stack():
+            yield
 
     def _track_item(self, node: torch.fx.Node, index: int, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
