@@ -96,7 +96,9 @@ class RewriteSteps:
     [Kept nodes under vmap]): for graphs fxviews runs itself, where a guard is a Python call.
     ``tidy_untouched=False`` leaves a graph the steps did not change exactly as it was (no dead
     code or redundant alias removed): an exported program without as_strided then reaches its
-    compiler unchanged.
+    compiler unchanged. ``against_eager_layouts=True`` proves an as_strided whose input's traced
+    layout is not eager's against eager's layout instead of keeping it (for graphs another
+    compiler runs, which may lay that input out either way; see AsStridedToViews).
 
     Example::
 
@@ -110,6 +112,7 @@ class RewriteSteps:
     tidy_untouched: bool = True
     guard_kept: bool = False
     copy_unfolds: bool = False
+    against_eager_layouts: bool = False
 
     @classmethod
     def of(
@@ -187,6 +190,7 @@ def rewrite_in_place(
     reshape_views: bool = True,
     pin_layouts: bool = True,
     guard_kept: bool = True,
+    against_eager_layouts: bool = False,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -206,7 +210,10 @@ def rewrite_in_place(
         True
     """
     steps = RewriteSteps(
-        reshape_views=reshape_views, pin_layouts=pin_layouts, guard_kept=guard_kept
+        reshape_views=reshape_views,
+        pin_layouts=pin_layouts,
+        guard_kept=guard_kept,
+        against_eager_layouts=against_eager_layouts,
     )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
@@ -227,7 +234,11 @@ def _rewrite_steps(
     decided = decision_records(gm.graph)  # what the trace kept deciding at run time
     # Each step edits the graph; the module is recompiled once, after the last one.
     engine = AsStridedToViews(
-        strict=strict, example_inputs=example_inputs, recompile=False, opset=steps.opset
+        strict=strict,
+        example_inputs=example_inputs,
+        recompile=False,
+        opset=steps.opset,
+        against_eager_layouts=steps.against_eager_layouts,
     )(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records

@@ -12,8 +12,11 @@ from typing import Any
 
 import torch.fx
 
+from .errors import RequestedGeometry
+from .geometry import Geometry
 from .graph_edits import arguments_by_name
 from .op_tables import AS_STRIDED_OPS, TORCH_LEVEL_AS_STRIDED
+from .provenance import node_geometry
 from .torch_internals import OpOverload, disable_current_modes, op_schema
 
 
@@ -41,6 +44,42 @@ def bind_as_strided(node: torch.fx.Node) -> dict[str, Any]:
     if "input" in bound:
         bound["self"] = bound.pop("input")
     return bound
+
+
+def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
+    """The ``(sizes, strides, offset)`` an as_strided-family node asks for, as written.
+
+    An omitted offset is the input's trace-time offset (None if that is unknown). Values are
+    SymInts when the graph has symbolic shapes.
+
+    Example::
+
+        >>> requested_geometry(node)   # as_strided(clone_1, [6], [1], 0)
+        ((6,), (1,), 0)
+    """
+    kwargs = bind_as_strided(node)
+    offset = kwargs["storage_offset"]
+    if offset is None:
+        source_geometry = node_geometry(kwargs["self"])
+        offset = None if source_geometry is None else source_geometry.offset
+    return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
+
+
+def static_request(node: torch.fx.Node, default_offset: int | torch.SymInt) -> Geometry | None:
+    """The geometry an as_strided-family node asks for where it is static (an omitted offset
+    being ``default_offset``: its input's), else None.
+
+    Example::
+
+        >>> static_request(node, 0)   # x.as_strided((3,), (2,))
+        Geometry(sizes=(3,), strides=(2,), offset=0)
+    """
+    sizes, strides, offset = requested_geometry(node)
+    values = (*sizes, *strides, default_offset if offset is None else offset)
+    if not all(type(v) is int for v in values):
+        return None
+    ints = [int(v) for v in values]  # type: ignore[call-overload]
+    return Geometry(tuple(ints[: len(sizes)]), tuple(ints[len(sizes) : -1]), ints[-1])
 
 
 def feeds_as_strided(node: torch.fx.Node) -> bool:

@@ -61,18 +61,18 @@ import torch
 import torch.fx
 
 from .aliasing import written_arguments
-from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided
+from .as_strided_calls import as_strided_op, bind_as_strided, feeds_as_strided, requested_geometry
 from .bounded_reads import InBounds, bounded_candidates, why_not_asserted
 from .chain import ViewChain, apply_chain, describe_chain, eager
 from .chain_emission import GraphEmitter, with_size_nodes
 from .chain_verification import verify_chain
 from .copied_windows import WindowsByCopies
-from .errors import RequestedGeometry, UnsafeAsStridedError
+from .errors import UnsafeAsStridedError
 from .example_inputs import check_example_inputs, ensure_metadata
 from .exposing_bases import exposing_bases
 from .geometry import Geometry, equivalent, find_exposed_address, is_one_to_one
 from .graph_edits import OutputDeferringReplacer, copy_graph, describe_call, op_name
-from .layout_truth import LayoutTruth
+from .layout_truth import LayoutTruth, chain_for_any_layout
 from .op_tables import METADATA_MUTATIONS
 from .opsets import Opset, as_opset, chain_for_opset
 from .provenance import ViewIndex, node_geometry
@@ -117,8 +117,10 @@ class _GraphContext:
     opset: Opset
     functional: bool  # no node writes a tensor in place: a copy cannot be told from a view
     #: Why a node's traced input layout is not eager PyTorch's (Note [Layouts are facts to
-    #: check]): such a node is kept.
+    #: check]): such a node is kept, or proven against the eager layout (against_eager).
     layout_doubts: dict[torch.fx.Node, str]
+    truth: LayoutTruth
+    against_eager: bool
 
     def layout_mutation(self, node: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node | None:
         """A user of ``source`` other than ``node`` that changes its layout in place, or None.
@@ -164,6 +166,8 @@ class _Call:
     symbolic: _Symbolic | None = None
     #: The node's own input, when ``source`` is a base of it that a chain reads instead.
     rebased_from: torch.fx.Node | None = None
+    #: Why the input's traced layout is not eager's, when ``source_geometry`` is eager's.
+    eager_layout_doubt: str | None = None
 
     def describe(self) -> str:
         src = [] if self.src is None else [self.src]
@@ -228,6 +232,7 @@ class AsStridedToViews(RecordingPass):
         example_inputs: Sequence[Any] | None = None,
         recompile: bool = True,
         opset: Opset | str = Opset.ATEN,
+        against_eager_layouts: bool = False,
     ) -> None:
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
@@ -235,6 +240,7 @@ class AsStridedToViews(RecordingPass):
         self.strict = strict
         self.example_inputs = example_inputs
         self.opset = as_opset(opset)
+        self.against_eager_layouts = against_eager_layouts
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         check_example_inputs(graph_module, self.example_inputs)
@@ -266,6 +272,7 @@ class AsStridedToViews(RecordingPass):
         facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
         if facts is not None:
             facts.bind_size_inputs(graph)
+        truth = LayoutTruth(graph_module)
         context = _GraphContext(
             graph=graph,
             index=ViewIndex(graph, facts),
@@ -275,7 +282,9 @@ class AsStridedToViews(RecordingPass):
             opset=self.opset,
             functional=self.opset is Opset.ATEN
             or not any(written_arguments(n) for n in graph.nodes),
-            layout_doubts=LayoutTruth(graph_module).doubts(nodes),
+            layout_doubts=truth.doubts(nodes),
+            truth=truth,
+            against_eager=self.against_eager_layouts,
         )
         records = []
         for node in nodes:
@@ -343,13 +352,25 @@ class AsStridedToViews(RecordingPass):
                 f"the input's layout changes in place at {mutation.name!r}, so "
                 "its trace-time layout is ambiguous",
             )
+        if node in context.layout_doubts and context.against_eager and call.symbolic:
+            # Eager's layout is known at the hints alone: where the sizes may be pinned to
+            # them, the node is static (Note [Proofs over symbolic shapes], 4).
+            sym = call.symbolic
+            if sym.facts.pinned_at_hints(sym.source.free_symbols() | sym.target.free_symbols()):
+                call = _parse(node, context.index.facts)[0] or call
         if node in context.layout_doubts:
-            return _kept(call, context.layout_doubts[node])
+            eager = context.truth.eager_layout(call.source) if context.against_eager else None
+            if eager is None or call.symbolic is not None or feeds_as_strided(node):
+                return _kept(call, context.layout_doubts[node])
+            doubt = context.layout_doubts[node]
+            call = dataclasses.replace(call, source_geometry=eager, eager_layout_doubt=doubt)
         unwritten = ""  # why the first verified chain has no form in the opset
         for method, view_chain, chosen in _candidates(call, context):
             if not chosen.verifies(view_chain):
                 continue
             chain, why = chosen.in_opset(view_chain, context)
+            if chain is not None and chosen.eager_layout_doubt is not None:
+                chain, why = chain_for_any_layout(chain, node)
             if chain is None:
                 described = describe_chain(view_chain, call.source.name)
                 unwritten = unwritten or (
@@ -402,6 +423,11 @@ def credit_engine(records: list[Record], made: dict[str, str]) -> list[Record]:
 
 
 def _reason(call: _Call, method: str) -> str:
+    if call.eager_layout_doubt is not None:
+        return (
+            f"view ops proven against the layout eager PyTorch gives its input "
+            f"({call.source_geometry}), not the traced one: {call.eager_layout_doubt}"
+        )
     if call.rebased_from is None:
         return _REASONS[method]
     return (
@@ -438,25 +464,6 @@ def _record(call: _Call, after: str, method: str, reason: str) -> Record:
 
 def _kept(call: _Call, reason: str) -> Record:
     return _record(call, "", "kept", reason)
-
-
-def requested_geometry(node: torch.fx.Node) -> RequestedGeometry:
-    """The ``(sizes, strides, offset)`` an as_strided-family node asks for, as written.
-
-    An omitted offset is the input's trace-time offset (None if that is unknown). Values are
-    SymInts when the graph has symbolic shapes.
-
-    Example::
-
-        >>> requested_geometry(node)   # as_strided(clone_1, [6], [1], 0)
-        ((6,), (1,), 0)
-    """
-    kwargs = bind_as_strided(node)
-    offset = kwargs["storage_offset"]
-    if offset is None:
-        source_geometry = node_geometry(kwargs["self"])
-        offset = None if source_geometry is None else source_geometry.offset
-    return tuple(kwargs["size"]), tuple(kwargs["stride"]), offset
 
 
 def _parse(node: torch.fx.Node, facts: ShapeFacts | None) -> tuple[_Call | None, str]:
@@ -527,8 +534,8 @@ def _candidates(call: _Call, context: _GraphContext) -> Iterator[tuple[str, View
     chain = synthesize(source, target)
     if chain is not None:
         yield "synthesized", chain, call
-    if call.op not in _REBASABLE:
-        return
+    if call.op not in _REBASABLE or call.eager_layout_doubt is not None:
+        return  # a base's layout is the traced one
     for holder, geometry in exposing_bases(
         call.source, lambda n: context.layout_mutation(call.node, n)
     ):
@@ -594,7 +601,10 @@ def _emit(
     # must be the node's own, whatever the fake kernels computed. A copy has its own layout
     # and the node's sizes; no as_strided reads it (see _Call.in_opset).
     copied = any(isinstance(step, WindowsByCopies) for step in chain)
-    if not (_same_sizes(call, out) if copied else _same_metadata(call, out)):
+    # Proven against eager's layout, the chain's fake layout is the traced input's: only the
+    # sizes can agree (no later as_strided reads it: see _rewrite_node).
+    loose = copied or call.eager_layout_doubt is not None
+    if not (_same_sizes(call, out) if loose else _same_metadata(call, out)):
         log.debug(
             "%s: dropped candidate %s: its metadata differs from the node's",
             call.node.name,

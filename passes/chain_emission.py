@@ -70,7 +70,7 @@ def fake_view_value(op: Callable[..., Any], val: Any, *args: Any) -> Any:
         meta.set_(val.untyped_storage(), val.storage_offset(), val.shape, val.stride())
         try:
             out = op(meta, *args)
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # the meta view kernel raises either, by release
             if copies_where_view_fails:
                 return None  # not viewable: reshape copies, the dispatch says how
             raise

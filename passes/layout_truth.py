@@ -14,7 +14,9 @@ fake strides against real ones:
 1. **What is trusted.** A graph input's recorded layout is the caller's (Dynamo guards it; a
    make_fx or export example gives it). A graph whose every value was produced by real kernels
    (``transform``'s recording, ``graph_module.meta[REAL_LAYOUTS]``) is trusted whole and not
-   checked.
+   checked. A caller may say more of a node (``meta[LAYOUT_FACT]``): that its layout is a fact
+   like an input's (the compile backend's per-sample values under vmap, which it defines), that
+   it is another node's (a wrapper of that node's tensor), or that it cannot be vouched for.
 2. **Eager layouts, node by node.** For every node an as_strided-family node reads, through
    any op back to the graph inputs, the eager layout is computed in graph order: the node's
    eager kernel runs on fresh zero tensors with the *eager* layouts of its tensor arguments
@@ -62,6 +64,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import threading
 import warnings
@@ -75,7 +78,9 @@ import torch
 import torch.fx
 
 from . import torch_internals as internals
+from .aliasing import AliasAnalysis
 from .as_strided_calls import as_strided_op, bind_as_strided
+from .chain import ViewChain
 from .device_faults import raise_if_device_failed
 from .geometry import Geometry, equivalent
 from .graph_edits import argument_nodes, op_name
@@ -91,6 +96,26 @@ REAL_LAYOUTS = "fxviews_real_layouts"
 #: ``node.meta`` key on an as_strided-family node whose traced input layout is not eager's (or
 #: could not be checked): why, in words.
 LAYOUT_DOUBT = "fxviews_layout_doubt"
+#: ``node.meta`` key a caller sets on a node whose recorded layout is not a kernel's result to
+#: check: a :class:`LayoutFact` (see Note, 1).
+LAYOUT_FACT = "fxviews_layout_fact"
+
+
+@dataclass(frozen=True)
+class LayoutFact:
+    """What the caller of the check knows of a node's recorded layout: it is a fact, as a graph
+    input's is (``trusted``); it is the layout of the node ``same_as``, which the node passes
+    through (a wrapper around the same tensor); or nobody can vouch for it (``unknown``, why).
+
+    Example::
+
+        >>> node.meta[LAYOUT_FACT] = LayoutFact(unknown="vmap's own layout of a batched value")
+    """
+
+    trusted: bool = False
+    same_as: torch.fx.Node | None = None
+    unknown: str | None = None
+
 
 #: Namespaces whose ops run on fresh tensors without effects beyond their outputs and their
 #: written arguments (collectives, custom ops and higher-order ops may not).
@@ -163,6 +188,11 @@ class LayoutTruth:
                 found[node] = reason
         return found
 
+    def eager_layout(self, node: torch.fx.Node) -> Geometry | None:
+        """The layout eager PyTorch gives ``node``'s tensor, where :meth:`doubts` computed it."""
+        value = self._eager.get(node)
+        return value if isinstance(value, Geometry) else None
+
     def _compute(self, sources: dict[torch.fx.Node, torch.fx.Node | None]) -> None:
         """Eager layouts of every node the as_strided nodes (with their ``sources``) read, in
         graph order."""
@@ -173,7 +203,7 @@ class LayoutTruth:
             node = todo.pop()
             if node not in needed:
                 needed.add(node)
-                todo.extend(_inputs_of(node))
+                todo.extend(_inputs_read(node))
         if not needed:
             return
         graph = next(iter(sources)).graph
@@ -181,13 +211,20 @@ class LayoutTruth:
             for node in graph.nodes:
                 if node in needed:
                     self._eager[node] = self._eager_layouts(node)
-                    if node.op not in _TRUSTED:
+                    if node.op not in _TRUSTED and not _is_fact(node):
                         self._note_origin(node)
 
     def _eager_layouts(self, node: torch.fx.Node) -> Any:
         if node.op in _TRUSTED:
             return _traced_layouts(node)  # the caller's (see Note, 1)
-        if node.target is operator.getitem and node.op == "call_function":
+        fact = node.meta.get(LAYOUT_FACT)
+        if fact is not None:  # see Note, 1
+            if fact.trusted:
+                return _traced_layouts(node)
+            if fact.same_as is not None:
+                return self._eager[fact.same_as]
+            return _Unchecked(f"{node.name!r}: {fact.unknown}")
+        if _picks_a_result(node):
             parent, index = node.args
             value = self._eager[parent] if isinstance(parent, torch.fx.Node) else None
             if isinstance(value, _Unchecked):
@@ -240,7 +277,7 @@ class LayoutTruth:
         eager, traced = self._eager[node], _traced_layouts(node)
         if isinstance(eager, _Unchecked) or _same_layouts(eager, traced):
             return
-        upstream = [a for a in _inputs_of(node) if a in self._origin]
+        upstream = [a for a in _inputs_read(node) if a in self._origin]
         self._origin[node] = self._origin[upstream[0]] if upstream else node
 
     def _doubt(self, node: torch.fx.Node, source: torch.fx.Node | None) -> str | None:
@@ -271,6 +308,29 @@ class LayoutTruth:
         )
 
 
+def chain_for_any_layout(chain: ViewChain, node: torch.fx.Node) -> tuple[ViewChain | None, str]:
+    """A chain proven against the eager layout of ``node``'s input, for a compiler that may lay
+    that input out otherwise: each ``view`` (the one step that needs a layout) a ``reshape``,
+    where a copy cannot be told from the view; None and why where it can.
+
+    Example::
+
+        >>> chain = (ViewStep(aten.t.default, ()), ViewStep(aten.view.default, ([5, 6],)))
+        >>> chain_for_any_layout(chain, node)[0][1].op
+        aten.reshape.default
+    """
+    if all(step.op is not aten.view.default for step in chain):
+        return chain, ""
+    observed = AliasAnalysis(node.graph).why_observed(node)
+    if observed is not None:
+        return None, f"its view must stay one, and needs eager's layout ({observed})"
+    reshaped = (
+        dataclasses.replace(step, op=aten.reshape.default) if step.op is aten.view.default else step
+        for step in chain
+    )
+    return tuple(reshaped), ""
+
+
 class _NotRunnable(Exception):
     """A node's arguments cannot all be made for an eager run."""
 
@@ -280,6 +340,29 @@ def _source(node: torch.fx.Node) -> torch.fx.Node | None:
     (a scatter's ``src`` is read by its logical values: its layout means nothing to it)."""
     source = bind_as_strided(node)["self"]
     return source if isinstance(source, torch.fx.Node) else None
+
+
+def _picks_a_result(node: torch.fx.Node) -> bool:
+    """Whether ``node`` picks one of a multi-output op's results (``getitem`` of a tuple),
+    rather than indexing a tensor (``x[None, :]`` in a Dynamo graph): the latter runs."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    parent = node.args[0]
+    return not (isinstance(parent, torch.fx.Node) and isinstance(_value(parent), torch.Tensor))
+
+
+def _is_fact(node: torch.fx.Node) -> bool:
+    """Whether the caller vouches for ``node``'s layout or says none can (no kernel to check)."""
+    fact = node.meta.get(LAYOUT_FACT)
+    return fact is not None and fact.same_as is None
+
+
+def _inputs_read(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose eager layouts ``node``'s is computed from (none for a stated fact)."""
+    if _is_fact(node):
+        return []
+    fact = node.meta.get(LAYOUT_FACT)
+    return [fact.same_as] if fact is not None else _inputs_of(node)
 
 
 def _inputs_of(node: torch.fx.Node) -> list[torch.fx.Node]:

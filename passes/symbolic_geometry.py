@@ -32,9 +32,19 @@ valid where its guards hold: Dynamo checks them before each call, and export's
    asserts at run time (see ``bounded_reads``): ``e >= 0`` is proven from it where ``e - a``
    is bounded below by 0 as above. Only proofs made for that graph's rewrite use it.
 
-Anything else counts as unproven, and unproven means the as_strided is kept. Nothing here
-asks a SymInt for a bool (which would install a guard decided on the hint); expressions are
-sympy, whose relations refuse to become bools.
+4. Where the graph's consumer checks the ShapeEnv's guards before each call (the compile
+   backend: Dynamo builds its guards after the backend returns; it says so with
+   :func:`guards_allowed`), a proof may be made true by recording a guard: the graph is then
+   used only for sizes where it holds, and Dynamo compiles again for the others. Two kinds,
+   each asked for where nothing else holds: an inequality that holds at the hints (inside
+   :func:`guarding_unproven_bounds`; ``3 <= s`` for an ``unfold`` of 3 over a dim of ``s``,
+   for a node under vmap that no chain or asserted chain rewrites), and a symbol equal to its
+   hint (:meth:`ShapeFacts.pinned_at_hints`: a node whose input's layout is known at the hints
+   alone), which specializes a size.
+
+Anything else counts as unproven, and unproven means the as_strided is kept. Outside those
+contexts nothing here asks a SymInt for a bool (which would install a guard decided on the
+hint); expressions are sympy, whose relations refuse to become bools.
 
 Example::
 
@@ -47,8 +57,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +175,42 @@ class SizeOfInputs:
 SIZE_ARGUMENTS = (torch.fx.Node, SizeFromInput, SizeOfInputs)
 
 
+#: Whether the graph's guards are checked before each call, so a proof may add one (Note, 4).
+_GUARDS_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fxviews_guards_allowed", default=False
+)
+#: Whether proofs record an inequality that holds at the hints as a guard (Note, 4).
+_GUARDING: contextvars.ContextVar[bool] = contextvars.ContextVar("fxviews_guarding", default=False)
+
+
+@contextlib.contextmanager
+def _setting(var: contextvars.ContextVar[bool]) -> Iterator[None]:
+    token = var.set(True)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def guards_allowed() -> contextlib.AbstractContextManager[None]:
+    """A context saying that the graphs rewritten in it are used only where their ShapeEnv's
+    guards hold (the compile backend's), so proofs may add guards (see the Note, 4)."""
+    return _setting(_GUARDS_ALLOWED)
+
+
+def guarding_unproven_bounds() -> contextlib.AbstractContextManager[None]:
+    """Inside :func:`guards_allowed`, a context in which :meth:`ShapeFacts.proves` makes an
+    inequality that holds at the hints true by guarding on it (see the Note, 4).
+
+    Example::
+
+        >>> with guards_allowed(), guarding_unproven_bounds():
+        ...     facts.proves(sympy.Le(3, s0))    # hint 8: True, and the ShapeEnv guards 3 <= s0
+        True
+    """
+    return _setting(_GUARDING)
+
+
 class Unproven(Exception):
     """A relation the ShapeEnv's facts neither prove nor refute: the chain cannot be trusted."""
 
@@ -173,6 +220,9 @@ class ShapeFacts:
 
     def __init__(self, shape_env: Any) -> None:
         self.shape_env = shape_env
+        # Every guard recorded so far is an axiom of the proofs (the compile backend proves in
+        # Dynamo's graph, then AOTAutograd's, and guards are added in between).
+        internals.forget_static_evaluations(shape_env)
         self.ranges = _ranges_narrowed_by_guards(shape_env)
         self.hints: dict[sympy.Symbol, int] = {
             s: int(v) for s, v in internals.symbol_hints(shape_env).items()
@@ -294,8 +344,26 @@ class ShapeFacts:
             )
         if isinstance(relation, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
             low, strict = _lower_side(relation)
-            return self._bounded_below(low, strict)
+            return self._bounded_below(low, strict) or self._guarded(relation, symbool)
         return False
+
+    def pinned_at_hints(self, symbols: Iterable[sympy.Symbol]) -> bool:
+        """Inside :func:`guards_allowed`, guard each of ``symbols`` to its hint (the graph is
+        then used at these sizes only, and Dynamo compiles again for others): whether it did.
+        For a node whose sizes must be known: no chain is proven for it at every size."""
+        symbols = sorted(symbols, key=str)
+        if not _GUARDS_ALLOWED.get() or any(s not in self.hints for s in symbols):
+            return False
+        for symbol in symbols:
+            bool(self.shape_env.create_symboolnode(sympy.Eq(symbol, self.hints[symbol])))
+        return True
+
+    def _guarded(self, relation: Any, symbool: Any) -> bool:
+        """Whether ``relation`` holds at the hints and is now guarded (see the Note, 4)."""
+        allowed = _GUARDS_ALLOWED.get() and _GUARDING.get()
+        if not allowed or relation.xreplace(self.hints) is not sympy.true:
+            return False
+        return bool(symbool)  # a SymBool's bool() records the guard in the ShapeEnv
 
     def _bounded_below(self, expr: Expr, strict: bool) -> bool:
         """Whether ``expr > 0`` (strict) or ``expr >= 0`` for every value, alone, with one of

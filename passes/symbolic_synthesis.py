@@ -81,8 +81,15 @@ def synthesize_symbolic(
     points = facts.points(source.free_symbols() | target.free_symbols())
     if not points:
         return
+    plain = (synthesize, synthesize_uniform, synthesize_sliced)
+    finders: list[Callable[[Geometry, Geometry], ViewChain | None]] = list(plain)
+    # Windows counted along the dims whose sizes follow the symbols keep every window's size
+    # constant (windows of 3 over a dim of s: the count is s - 2, the window 3).
+    counted = frozenset(j for j, size in enumerate(target.sizes) if size.free_symbols)
+    if counted:
+        finders += [functools.partial(find, counted=counted) for find in plain]
     seen: list[ViewChain] = []  # steps hold lists (view sizes): compared, not hashed
-    for find in (synthesize, synthesize_uniform, synthesize_sliced):
+    for find in finders:
         forms = _forms_at_points(find, source, target, points)
         for preference in _PREFERENCES:
             chain = None if forms is None else _generalized(forms, facts, points, preference)

@@ -59,8 +59,15 @@ class _ChainBuilder:
         self.steps.append(ViewStep(op, tuple(args)))
 
 
-def synthesize(source: Geometry, target: Geometry) -> ViewChain | None:
+def synthesize(
+    source: Geometry, target: Geometry, counted: frozenset[int] = frozenset()
+) -> ViewChain | None:
     """A verified chain of view ops taking ``source`` to ``target``, or None.
+
+    Where target dims overlap on one input dim (windows), the one with the largest stride
+    counts the windows and the others lie within each; ``counted`` names target dims to count
+    windows by first whatever their strides (symbolic synthesis: a dim whose size follows the
+    sizes must count them, or the window would follow the sizes too).
 
     Example::
 
@@ -68,10 +75,12 @@ def synthesize(source: Geometry, target: Geometry) -> ViewChain | None:
         >>> [step.name() for step in chain]
         ['diagonal']
     """
-    return _synthesize(source, target, slice_whole=False, split_with_view=True)
+    return _synthesize(source, target, False, True, counted)
 
 
-def synthesize_uniform(source: Geometry, target: Geometry) -> ViewChain | None:
+def synthesize_uniform(
+    source: Geometry, target: Geometry, counted: frozenset[int] = frozenset()
+) -> ViewChain | None:
     """:func:`synthesize` with the same steps whatever the sizes: windows that tile a dim are
     taken by ``unfold`` rather than ``view``, and every used dim is sliced, even whole.
 
@@ -86,10 +95,12 @@ def synthesize_uniform(source: Geometry, target: Geometry) -> ViewChain | None:
         (ViewStep(op=aten.slice.Tensor, args=(0, 0, 6, 1)),
          ViewStep(op=aten.unfold.default, args=(0, 2, 2)))
     """
-    return _synthesize(source, target, slice_whole=True, split_with_view=False)
+    return _synthesize(source, target, True, False, counted)
 
 
-def synthesize_sliced(source: Geometry, target: Geometry) -> ViewChain | None:
+def synthesize_sliced(
+    source: Geometry, target: Geometry, counted: frozenset[int] = frozenset()
+) -> ViewChain | None:
     """:func:`synthesize` with every used dim sliced, even whole: the steps of a chain whose
     slice takes a whole dim at one size and part of it at another (windows of a matrix's rows
     tile them at even widths only) are the same at every size.
@@ -101,11 +112,15 @@ def synthesize_sliced(source: Geometry, target: Geometry) -> ViewChain | None:
          ViewStep(op=aten.slice.Tensor, args=(1, 0, 4, 1)),
          ViewStep(op=aten.view.default, args=([2, 2, 2],)))
     """
-    return _synthesize(source, target, slice_whole=True, split_with_view=True)
+    return _synthesize(source, target, True, True, counted)
 
 
 def _synthesize(
-    source: Geometry, target: Geometry, *, slice_whole: bool, split_with_view: bool
+    source: Geometry,
+    target: Geometry,
+    slice_whole: bool,
+    split_with_view: bool,
+    counted: frozenset[int],
 ) -> ViewChain | None:
     if target.numel == 0:
         chain = _synthesize_empty(source, target)
@@ -114,7 +129,9 @@ def _synthesize(
         chain = (
             None
             if embedding is None
-            else _chain_from_embedding(source, target, embedding, slice_whole, split_with_view)
+            else _chain_from_embedding(
+                source, target, embedding, slice_whole, split_with_view, counted
+            )
         )
     if chain is not None and verify_chain(chain, source, target):
         return chain
@@ -143,12 +160,13 @@ def _chain_from_embedding(
     emb: Embedding,
     slice_whole: bool = False,
     split_with_view: bool = True,
+    counted: frozenset[int] = frozenset(),
 ) -> ViewChain:
     b = _ChainBuilder(source, [("in", i) for i in range(source.ndim)])
     _drop_idle_dims(b, source, emb)
     _flatten_groups(b, emb)
     for g in range(len(emb.groups)):
-        _cut_group(b, target, emb, g, slice_whole, split_with_view)
+        _cut_group(b, target, emb, g, slice_whole, split_with_view, counted)
     walking = active_target_dims(target)
     _diagonalize(b, walking)
     _to_target_order(b, target, walking)
@@ -194,10 +212,11 @@ def _cut_group(
     g: int,
     slice_whole: bool,
     split_with_view: bool,
+    counted: frozenset[int],
 ) -> None:
     dim = b.labels.index(("group", g))
     start = emb.start[g]
-    uses = sorted(emb.coeffs[g].items(), key=lambda item: -item[1])
+    uses = sorted(emb.coeffs[g].items(), key=lambda item: (item[0] not in counted, -item[1]))
     if not uses:
         b.do(aten.select.int, dim, start)
         del b.labels[dim]

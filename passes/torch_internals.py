@@ -373,6 +373,16 @@ def storage_identity(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
+def forget_static_evaluations(shape_env: ShapeEnv) -> None:
+    """Drop the ShapeEnv's caches of what it evaluates without adding guards (its axioms,
+    ``_maybe_evaluate_static``): 2.13 clears them on a new replacement, divisibility fact or
+    runtime assert, not on a new guard, so a proof asked before a guard was recorded would be
+    answered without it ever after. The caches are ShapeEnv's methods' (``_lru_cache``, 2.1),
+    shared by every ShapeEnv: dropping them costs recomputation only."""
+    for method in (type(shape_env).get_axioms, type(shape_env)._maybe_evaluate_static):
+        method.cache_clear()
+
+
 def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     """Each backed symbol's trace-time value (``backed_var_to_val``, 2.13; earlier
     ``var_to_val``)."""
@@ -588,6 +598,27 @@ def aot_alias_regeneration_modules() -> tuple[Any, ...]:
     return functional_utils, runtime_wrappers
 
 
+def dynamo_functorch_calls() -> dict[str, Any]:
+    """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
+    role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
+    ``remove_batch_dim``: ``torch._functorch.predispatch``, 2.5), values passed into or out of a
+    grad or jvp level (``wrap_for_grad``, ``unwrap_for_grad``, ``set_tensor_requires_grad``,
+    ``make_dual``), a dual's parts (``unpack_dual``) and the gradient step (``autograd_grad``,
+    ``torch._functorch.eager_transforms``). As of 2.13."""
+    from torch._functorch import eager_transforms, predispatch
+
+    return {
+        "add_batch_dim": predispatch._add_batch_dim,
+        "remove_batch_dim": predispatch._remove_batch_dim,
+        "wrap_for_grad": torch._C._functorch._wrap_for_grad,
+        "unwrap_for_grad": predispatch._unwrap_for_grad,
+        "set_tensor_requires_grad": eager_transforms._set_tensor_requires_grad,
+        "make_dual": predispatch._make_dual,
+        "unpack_dual": predispatch._unpack_dual,
+        "autograd_grad": eager_transforms._autograd_grad,
+    }
+
+
 # Internals resolved on first use, as (module, attribute): importing their modules costs seconds.
 _ON_USE: dict[str, tuple[str, str]] = {
     # The torch.compile backend: AOTAutograd lowering as aot_eager does (aot_autograd, 2.0),
@@ -623,6 +654,8 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "ValueRanges": ("torch.utils._sympy.value_ranges", "ValueRanges"),
     # Floor division of sizes as the ShapeEnv writes it (``(s - 3)//2``; FloorDiv, 2.1).
     "FloorDiv": ("torch.utils._sympy.functions", "FloorDiv"),
+    # The fake mode of a Dynamo graph's example values (detect_fake_mode, 2.0).
+    "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
@@ -740,6 +773,8 @@ BOUND_NAMES = (
     "top_saved_tensors_hooks",
     "tensor_hooks",
     "module_backward_hooks",
+    "dynamo_functorch_calls",
+    "forget_static_evaluations",
 )
 ON_USE_NAMES = tuple(_ON_USE)
 __all__ = ["SUPPORTED_TORCH", "missing_internal_error", *BOUND_NAMES, *ON_USE_NAMES]

@@ -23,7 +23,14 @@ from fxviews.arguments import positive_int
 from fxviews.bench import plots
 from fxviews.bench.output import collected_output, progress, summarize
 from fxviews.bench.report import WIDTH, failed_paths, legend, render
-from fxviews.bench.settings import FULL, QUICK, Settings, Table, on_device
+from fxviews.bench.settings import (
+    FULL,
+    QUICK,
+    USER_AS_STRIDED_BATCH,
+    Settings,
+    Table,
+    on_device,
+)
 
 __all__ = [
     "BENCHES",
@@ -80,6 +87,11 @@ BENCHES: dict[str, tuple[str, str]] = {
         "10. first call's memory: peak {memory} of transform's first call vs eager, large input",
         "fxviews.bench.rows_first_hour:bench_memory",
     ),
+    "user_as_strided": (
+        f"11. own as_strided under vmap, vmap(grad), compiled, B={USER_AS_STRIDED_BATCH}: "
+        "steady, first call (cpu)",
+        "fxviews.bench.rows_compile:bench_user_as_strided",
+    ),
 }
 
 #: Row names, in the order they run and print.
@@ -123,8 +135,12 @@ Time fxviews against the alternatives, every comparison measured side by side in
               aot_eager (torchvision and timm models too, with fxviews[zoo])
   startup     seconds import fxviews adds to import torch, and python -m fxviews --help
   memory      peak memory of transform's first call (one sample recorded) vs eager
+  user_as_strided
+              research programs (im2col, log-mel, Hankel, Takens, windows) that write their own
+              as_strided, under vmap and vmap(grad), compiled: backend="fxviews" vs Inductor
+              and aot_eager, steady state and first call
 
-Rows 1, 4, 5 and 7 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
+Rows 1, 4, 5, 7 and 11 report the minimum CPU time over interleaved repeats, rows 2 and 3 the
 median wall time. torch runs on one thread unless --threads says otherwise. A path that
 cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
 exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized

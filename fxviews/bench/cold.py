@@ -16,7 +16,8 @@ import torch
 
 from fxviews.bench.compile_paths import COMPILE_FUNCTIONS, Wrap, compiled_path_wrap
 from fxviews.bench.report import measured
-from fxviews.bench.settings import COMPILED_BATCH, Settings
+from fxviews.bench.research_programs import BENCH_SHAPES, per_sample
+from fxviews.bench.settings import COMPILED_BATCH, USER_AS_STRIDED_BATCH, Settings
 from fxviews.bench.timing import FirstCall, first_call
 from fxviews.bench.workloads import make_push_jvp, on, seed_batch
 from fxviews.examples import seed_args
@@ -45,9 +46,10 @@ _CHILD = "import sys; from fxviews.bench.cold import cold_child; cold_child(sys.
 class FirstCallCase:
     """A first call that a fresh interpreter can rebuild: row 6's or row 7's path and function."""
 
-    row: str  # "compile" or "compiled"
-    path: str  # a backend of row 6, or a path of row 7
-    function: str = "push_jvp (forward)"  # one of COMPILE_FUNCTIONS (row 6)
+    row: str  # "compile", "compiled" or "user_as_strided"
+    path: str  # a backend of row 6, or a path of rows 7 and 11
+    # One of COMPILE_FUNCTIONS (row 6), or a research program and how vmap applies (row 11).
+    function: str = "push_jvp (forward)"
     batch: int = COMPILED_BATCH  # row 7's
     device: str | None = None  # where the arguments live (None: CPU)
 
@@ -58,6 +60,11 @@ class FirstCallCase:
         if self.row == "compiled":
             _, batched = seed_batch(self.batch, self.device)
             return make_push_jvp, compiled_path_wrap(self.path), batched, False
+        if self.row == "user_as_strided":
+            name, kind = self.function.split(" ", 1)
+            batch = torch.randn(USER_AS_STRIDED_BATCH, *BENCH_SHAPES[name])
+            make = functools.partial(per_sample, name, kind)
+            return make, compiled_path_wrap(self.path), (batch,), False
         make_fn, train = COMPILE_FUNCTIONS[self.function]
         args = tuple(t.requires_grad_(train) for t in on(self.device, seed_args()))
         return make_fn, functools.partial(torch.compile, backend=self.path), args, train

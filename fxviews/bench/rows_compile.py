@@ -1,8 +1,10 @@
-"""Rows 3, 6 and 7: first calls and compiles, fxviews against torch.compile's paths."""
+"""Rows 3, 6, 7 and 11: first calls and compiles, fxviews against torch.compile's paths."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +20,15 @@ from fxviews.bench.compile_paths import (
 )
 from fxviews.bench.output import progress
 from fxviews.bench.report import measured, ratio
+from fxviews.bench.research_programs import BENCH_SHAPES, KINDS
 from fxviews.bench.settings import Settings, Table
-from fxviews.bench.timing import cpu_ratio_range, first_call_seconds, median_of, steady_seconds
+from fxviews.bench.timing import (
+    cpu_ratio_range,
+    first_call_seconds,
+    median_of,
+    steady_cpu_seconds,
+    steady_seconds,
+)
 from fxviews.bench.workloads import make_push_jvp, on, seed_batch, transform_or_reason
 from fxviews.examples import seed_args
 
@@ -182,3 +191,57 @@ def break_even(
     # Total for n calls: first + (n - 1) * steady; the base likewise.
     calls = 1 + (first - base_first) / (base_steady - steady)
     return f"{int(calls) + 1:,}"
+
+
+def bench_user_as_strided(settings: Settings) -> Table:
+    """Row 11: research programs that write their own as_strided, under ``vmap`` (and
+    ``vmap(grad)``), compiled: the backend's first stage rewrites them in Dynamo's graph.
+
+    Batch dim first, where Inductor alone is right too (elsewhere it is not: see
+    tests/test_backend_vmap.py), so the times compare like with like. Steady state: minimum CPU
+    time of a call once compiled; first call: CPU time of a compile from scratch and one run,
+    in this process after a warm-up (ten programs times four paths in fresh interpreters would
+    take an hour of Inductor compiles).
+    """
+    from fxviews.passes.torch_internals import reset_dynamo
+
+    settings = dataclasses.replace(settings, cold_compiles=0)
+
+    names = [
+        n for n, (_, inductor) in COMPILED_PATHS.items() if settings.default_backend or not inductor
+    ]
+    table = []
+    for program, kind in itertools.product(BENCH_SHAPES, KINDS):
+        function = f"{program} {kind}"
+        progress.step(function)
+        cases = {n: FirstCallCase("user_as_strided", n, function) for n in names}
+        first = first_call_samples(cases, settings)
+        try:
+            ready: dict[str, Callable[[], Any]] = {}
+            for name, case in cases.items():
+                if first[name][0]:
+                    make, wrap, args, _ = case.build()
+                    ready[name] = functools.partial(wrap(make()), *args)
+                    ready[name]()  # compiles (caches on): the steady state follows
+            steady = steady_cpu_seconds(ready, settings)
+        finally:
+            reset_dynamo()
+        cpu = {n: median_of(calls, "cpu_s") for n, (calls, _) in first.items()}
+        table.append(
+            {
+                "program": function,
+                "inductor_s": steady.get("inductor"),
+                "fxviews_inductor_s": steady.get("fxviews (inductor)"),
+                "steady fxviews/inductor": ratio(
+                    steady.get("fxviews (inductor)"), steady.get("inductor")
+                ),
+                "first_cpu inductor_s": cpu.get("inductor"),
+                "first fxviews/inductor": ratio(cpu.get("fxviews (inductor)"), cpu.get("inductor")),
+                "steady fxviews/aot_eager": ratio(
+                    steady.get("fxviews (eager)"), steady.get("aot_eager")
+                ),
+                "first fxviews/aot_eager": ratio(cpu.get("fxviews (eager)"), cpu.get("aot_eager")),
+                "note": "; ".join(f"{n}: {note}" for n, (_, note) in first.items() if note),
+            }
+        )
+    return table

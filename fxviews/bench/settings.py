@@ -15,6 +15,8 @@ Table = list[dict[str, Any]]
 COMPILED_BATCH = 256
 #: Row 8's samples per batch (each sample an image or 16 tokens).
 MODELS_BATCH = 8
+#: Row 11's samples per batch (research programs with their own as_strided, compiled).
+USER_AS_STRIDED_BATCH = 64
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 
 from fxviews import graph_rewriting, transforming
 from fxviews.bench.settings import Settings
-from fxviews.consumers import compile_backend
+from fxviews.consumers import compile_backend, dynamo_stage
 from fxviews.passes.device_faults import devices_of
 
 
@@ -175,7 +175,7 @@ def cpu_seconds() -> float:
 
 #: The modules that run fxviews' rewrite in a first call: each calls ``rewrite_in_place`` on the
 #: graphs it owns (the engine, the reshape and pinning steps, hygiene, the one recompile).
-_REWRITE_CALLERS = (compile_backend, transforming)
+_REWRITE_CALLERS = (compile_backend, dynamo_stage, transforming)
 
 
 @contextlib.contextmanager

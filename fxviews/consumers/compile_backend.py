@@ -3,11 +3,13 @@
 The module is ``fxviews.consumers.compile_backend``; the package attribute ``fxviews.backend`` is
 its function :func:`backend`.
 
-Dynamo captures the function, AOTAutograd lowers it to aten forward/backward graphs, the engine
+Dynamo captures the function; the first stage (:mod:`fxviews.consumers.dynamo_stage`) rewrites
+the user's ``as_strided`` in Dynamo's graph, per sample under vmap, and decides what AOTAutograd
+would get wrong; AOTAutograd lowers it to aten forward/backward graphs, the engine
 (:class:`fxviews.passes.AsStridedToViews`) rewrites every provably safe ``as_strided`` of each
 graph into view ops, dead metadata checks are removed, and the inner compiler gets the result.
-Nodes the engine keeps stay in the graph: every inner compiler handles ``as_strided``, so the
-compiled function is never wrong because of the rewrite.
+Nodes the engine keeps stay in the graph, proven against eager's layouts where the traced ones
+are not eager's (docs/compile.md says what each stage guarantees).
 
 Three ways to select it::
 
@@ -29,9 +31,15 @@ from typing import Any
 from torch.fx import GraphModule
 
 from fxviews.arguments import check_flags
+from fxviews.consumers.dynamo_stage import (
+    prepare_dynamo_graph,
+    unfold_backward_traced_per_sample,
+)
+from fxviews.consumers.storage_bounds import with_storage_checks
 from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.errors import FxViewsError
+from fxviews.passes.symbolic_geometry import guards_allowed
 from fxviews.passes.torch_internals import CompileContext, is_boxed_call
 from fxviews.printouts import logger, report_rewrite
 from fxviews.torch_state import preserved_torch_state
@@ -209,7 +217,8 @@ _CURRENT_LOWERING: ContextVar[_Lowering | None] = ContextVar("fxviews_lowering",
 
 
 def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
-    """``compile_fn`` under the process-wide tracing lock, falling back to eager PyTorch where
+    """The first stage on Dynamo's graph (:func:`~.dynamo_stage.prepare_dynamo_graph`), then
+    ``compile_fn``, under the process-wide tracing lock, falling back to eager PyTorch where
     PyTorch's own lowering fails.
 
     AOTAutograd traces torch.func code much as fxviews' tracer does, and the two must not run
@@ -227,29 +236,60 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
     """
 
     def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
-        lowering = _Lowering()
-        token = _CURRENT_LOWERING.set(lowering)
-        try:
-            with tracing_lock, preserved_torch_state():
-                return compile_fn(gm, example_inputs)
-        except RuntimeError as err:
-            if strict or lowering.reached_engine or isinstance(err, FxViewsError):
-                raise
-            raise_if_device_failed(err, devices_of(list(example_inputs)), "PyTorch's AOT lowering")
-            logger.warning(
-                "backend=%r runs this graph as eager PyTorch: PyTorch's AOT lowering failed "
-                "before fxviews saw it (%s: %s)",
-                name,
-                type(err).__name__,
-                first_line(err),
-            )
-            return gm.forward
-        finally:
-            _CURRENT_LOWERING.reset(token)
+        # Dynamo checks the ShapeEnv's guards before each call, so proofs over symbolic sizes
+        # may add guards where nothing else holds (Note [Proofs over symbolic shapes], 4):
+        # other sizes compile again.
+        with tracing_lock, preserved_torch_state(), guards_allowed():
+            prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
+            if prepared.runs_eagerly is not None:
+                return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
+            lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
+            return with_storage_checks(lowered, prepared.storage_needs)
 
     # torch.compile names the backend after __name__ in its logs and errors.
     serialized.__name__ = name
     return serialized
+
+
+def _lowered(
+    compile_fn: Backend,
+    gm: GraphModule,
+    example_inputs: Sequence[Any],
+    name: str,
+    strict: bool,
+) -> CompiledFn:
+    """``compile_fn(gm, example_inputs)``, or ``gm`` run as eager PyTorch where PyTorch's own
+    lowering fails before any AOT graph reached the engine (see :func:`_serialized`)."""
+    lowering = _Lowering()
+    token = _CURRENT_LOWERING.set(lowering)
+    try:
+        with unfold_backward_traced_per_sample():
+            return compile_fn(gm, example_inputs)
+    except RuntimeError as err:
+        if strict or lowering.reached_engine or isinstance(err, FxViewsError):
+            raise
+        raise_if_device_failed(err, devices_of(list(example_inputs)), "PyTorch's AOT lowering")
+        logger.warning(
+            "backend=%r runs this graph as eager PyTorch: PyTorch's AOT lowering failed "
+            "before fxviews saw it (%s: %s)",
+            name,
+            type(err).__name__,
+            first_line(err),
+        )
+        return gm.forward
+    finally:
+        _CURRENT_LOWERING.reset(token)
+
+
+def _run_dynamo_graph(gm: GraphModule, name: str, strict: bool, hazard: str) -> CompiledFn:
+    """Dynamo's graph run as Python, for a graph AOTAutograd would give other numbers than
+    eager (Note [In-place writes AOTAutograd gets wrong]); ``strict=True`` raises instead."""
+    if strict:
+        raise FxViewsError(f"backend={name!r} cannot lower this graph to eager's numbers: {hazard}")
+    logger.warning(
+        "backend=%r runs this graph as eager PyTorch (Dynamo's graph as Python): %s", name, hazard
+    )
+    return gm.forward
 
 
 def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
@@ -259,7 +299,7 @@ def _rewrite_in_place(gm: GraphModule, strict: bool, kind: str) -> None:
         lowering.reached_engine = True
     # No run-time guards: the graph goes on to the inner compiler, and Dynamo traces vmap
     # itself, so it never runs on batched tensors.
-    result = rewrite_in_place(gm, strict=strict, guard_kept=False)
+    result = rewrite_in_place(gm, strict=strict, guard_kept=False, against_eager_layouts=True)
     report_rewrite(result, source=f"backend, {_graph_name(kind)}")
 
 

@@ -1,0 +1,180 @@
+"""In-place writes through views that AOTAutograd gets wrong: the backend gives eager's numbers.
+
+One test per public report (written here from the report), each compared with eager PyTorch on
+what the call returns and on every tensor of the caller's it writes, with the default inner
+compiler and with Inductor; ``aot_eager`` is asserted wrong on each, so the test would fail
+without the backend's handling. The patterns the backend can give eager's values before
+AOTAutograd are compiled (an ``as_strided`` rewritten into views, windows written in place made
+of slices); the others run Dynamo's graph as eager PyTorch, with a warning naming the node
+(``strict=True`` raises).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import fxviews
+from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    reset_dynamo()
+    yield
+    reset_dynamo()
+
+
+def overlapping_as_strided_add(a):
+    """pytorch #174371: the element both rows of the view share gets 1 added twice in eager."""
+    x = a.clone()
+    y = x.as_strided((2, 2), (1, 1), 0)
+    y.add_(1.0)
+    return y
+
+
+def aliased_input_view(t0, ta):
+    """pytorch #198095: ``ta`` is ``t0[1:]``; the view of ``ta`` must see the write to ``t0``."""
+    t0.add_(100)
+    return ta[0]
+
+
+def gapped_unfold_add(x):
+    """pytorch #198102: windows of 1 every 5 columns; the other columns must stay as they were."""
+    v = x.unfold(1, 1, 5)
+    v.add_(v)
+    return x
+
+
+def add_then_as_strided_copy(x):
+    """pytorch #133512: ``as_strided_copy`` reads ``x``'s strides after an in-place add."""
+    x.add_(1)
+    return torch.as_strided_copy(x, (3,), (2,))
+
+
+def _aliased():
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    return (base, base[1:])
+
+
+#: name: (function, fresh arguments, whether the backend runs Dynamo's graph as eager PyTorch).
+REPORTS = {
+    "174371": (overlapping_as_strided_add, lambda: (torch.randn(2, 2, 10),), True),
+    "198095": (aliased_input_view, _aliased, True),
+    "198102": (gapped_unfold_add, lambda: (torch.arange(1, 25).reshape(4, 6),), False),
+    "133512": (add_then_as_strided_copy, lambda: (torch.arange(10)[::2],), False),
+}
+
+
+def _run(fn, make):
+    """``fn``'s result and the caller's arguments after the call (the same seed each time)."""
+    torch.manual_seed(0)
+    args = make()
+    return fn(*args), args
+
+
+@pytest.mark.parametrize("name", REPORTS)
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+def test_public_report_gives_eagers_numbers(name, inner, caplog):
+    fn, make, runs_eagerly = REPORTS[name]
+    expected = _run(fn, make)
+    assert not _gives(torch.compile(fn, backend="aot_eager"), make, expected)  # the report
+    reset_dynamo()
+    caplog.set_level(logging.WARNING, logger="fxviews")
+    compiled = torch.compile(fn, backend="fxviews", options={"inner": inner})
+    got = _run(compiled, make)
+    for a, b in zip(_flat(got), _flat(expected), strict=True):
+        torch.testing.assert_close(a, b)
+    warned = [
+        r.getMessage() for r in caplog.records if "runs this graph as eager" in r.getMessage()
+    ]
+    assert bool(warned) == runs_eagerly, warned
+    if runs_eagerly:
+        assert fn.__name__ in warned[0] and "pytorch #" in warned[0]
+
+
+def _gives(compiled, make, expected) -> bool:
+    """Whether ``compiled`` returns and writes what eager does (an error does not)."""
+    try:
+        got = _run(compiled, make)
+    except (RuntimeError, AssertionError):  # AOTAutograd's own check, on some views (#198095)
+        return False
+    return all(torch.equal(a, b) for a, b in zip(_flat(got), _flat(expected), strict=True))
+
+
+def _flat(result):
+    out, args = result
+    return [out, *args]
+
+
+def test_strict_raises_naming_the_node():
+    compiled = torch.compile(
+        lambda x: x.unfold(1, 2, 4).add_(1.0).sum(),  # gapped windows no slice makes: kept
+        backend="fxviews",
+        options={"strict": True},
+    )
+    with pytest.raises(BackendCompilerFailed, match="writes in place through unfold") as info:
+        compiled(torch.randn(4, 7))
+    assert isinstance(info.value.inner_exception, fxviews.FxViewsError)
+    assert "test_backend_writes.py" in str(info.value)  # the user's line
+
+
+def test_windows_written_in_place_are_compiled_as_slices(caplog):
+    """Windows of one element every 5 columns are a stepped slice: no eager run needed."""
+    caplog.set_level(logging.DEBUG, logger="fxviews")
+    x = torch.arange(1.0, 25.0).reshape(4, 6)
+    expected = gapped_unfold_add(x.clone())
+    got = torch.compile(gapped_unfold_add, backend="fxviews")(x.clone())
+    torch.testing.assert_close(got, expected)
+    assert any("is now views" in r.getMessage() for r in caplog.records)
+
+
+def test_writes_under_vmap_give_the_per_sample_loops_numbers():
+    """An overlapping as_strided written in place inside vmap, batch dim last: the rewrite makes
+    it an unfold, which AOTAutograd would invert wrongly; Dynamo's graph runs as eager."""
+
+    def bump_pairs(x):
+        y = x.clone().as_strided((x.numel() - 1, 2), (1, 1))
+        y.add_(1.0)
+        return y.sum(-1)
+
+    samples = [torch.randn(6) for _ in range(3)]
+    expected = torch.stack([bump_pairs(s) for s in samples])
+    compiled = torch.compile(torch.func.vmap(bump_pairs, in_dims=1), backend="fxviews")
+    torch.testing.assert_close(compiled(torch.stack(samples, dim=1)), expected)
+
+
+def test_gapped_as_strided_windows_written_in_place_are_compiled(caplog):
+    """Windows of 2 every 3 elements, written in place: the first stage's unfold is tiled by a
+    view, so AOTAutograd inverts the write exactly (plain AOTAutograd, with its as_strided, is
+    right too); no eager run."""
+
+    def scale_windows(a):
+        x = a.clone()
+        x.as_strided((2, 2), (3, 1)).mul_(5)
+        return x
+
+    caplog.set_level(logging.WARNING, logger="fxviews")
+    a = torch.randn(7)
+    got = torch.compile(scale_windows, backend="fxviews")(a)
+    torch.testing.assert_close(got, scale_windows(a))
+    assert not caplog.records
+
+
+def test_aliased_inputs_written_compile_where_no_view_of_them_is_returned(caplog):
+    """Two views of one flat buffer updated in place (parameters of one flat buffer under an
+    optimizer step): AOTAutograd's synthetic base is right there, so the graph compiles."""
+
+    def step(a, b):
+        a.mul_(2)
+        b.add_(1)
+        return a.sum() + b.sum()
+
+    caplog.set_level(logging.WARNING, logger="fxviews")
+    flat, expected_flat = torch.arange(12.0), torch.arange(12.0)
+    expected = step(expected_flat[:6], expected_flat[4:])
+    got = torch.compile(step, backend="fxviews")(flat[:6], flat[4:])
+    torch.testing.assert_close((got, flat), (expected, expected_flat))
+    assert not caplog.records
