@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -160,3 +161,34 @@ def pop_functorch_layers_to(depth: int) -> None:
     while functorch.get_dynamic_layer_stack_depth() > depth:
         top = functorch.peek_interpreter_stack()
         undo.get(top.key(), functorch.pop_dynamic_layer_stack)()
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]] | None:
+    """The decomposition table for Inductor's lowering, with roll laid out as eager's.
+
+    Eager's ``roll`` keeps a channels_last input's channels_last. Inductor decomposes it into
+    ``index_select``, whose entry in Inductor's table (``select_decomp_table``, 2.0) before
+    2.13 (2.11, 2.12) makes its result contiguous, so an ``as_strided`` over a roll reads other
+    memory under Inductor than in eager, plain Inductor included (pytorch #174963's program).
+    2.13's entry lays the result out in its input's suggested memory format
+    (``suggest_memory_format``, 2.0). On 2.11 and 2.12 this returns Inductor's table with that
+    entry's result laid out so too; from 2.13 None: Inductor's own table, unchanged.
+
+    Example::
+
+        >>> compile_fx(gm, example_inputs, decompositions=inductor_decompositions())
+    """
+    if TORCH_RELEASE >= (2, 13):
+        return None
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._prims_common import suggest_memory_format
+
+    table = dict(select_decomp_table())
+    contiguous_index_select = table[torch.ops.aten.index_select.default]
+
+    def index_select(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+        result = contiguous_index_select(x, dim, index)
+        return result.contiguous(memory_format=suggest_memory_format(x))
+
+    table[torch.ops.aten.index_select.default] = index_select
+    return table

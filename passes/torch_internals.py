@@ -32,6 +32,7 @@ import torch
 from .older_releases import (
     TORCH_RELEASE,
     close_abandoned_checkpoints,
+    inductor_decompositions,
     pop_functorch_layers_to,
     traceable_jacobian_basis,
 )
@@ -670,6 +671,7 @@ BOUND_NAMES = (
     "is_boxed_call",
     "TORCH_RELEASE",
     "traceable_jacobian_basis",
+    "inductor_decompositions",
     "close_abandoned_checkpoints",
     "symbol_hints",
     "dtensor_op_handlers",

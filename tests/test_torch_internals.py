@@ -381,3 +381,16 @@ def test_functorch_layers_a_failed_trace_left_are_popped_and_undone():
     torch.testing.assert_close(
         torch.func.vmap(torch.func.grad(lambda r: r.sin().sum()))(x), x.cos()
     )
+
+
+def test_inductors_roll_is_laid_out_as_eagers():
+    """Before torch 2.13 Inductor's table decomposed roll into an index_select made contiguous,
+    where eager's roll keeps channels_last; the table the backend gives Inductor must give
+    eager's layout (an as_strided over it reads that memory)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = internals.inductor_decompositions() or select_decomp_table()
+    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    decomposed = internals.make_fx(lambda t: torch.roll(t, -1, 0), decomposition_table=table)(x)
+    assert decomposed(x).stride() == torch.roll(x, -1, 0).stride()
+    torch.testing.assert_close(decomposed(x), torch.roll(x, -1, 0))
