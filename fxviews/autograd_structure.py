@@ -423,7 +423,7 @@ class AutogradWatch:
                     f"tensors; a graph keeps numbers, strings, dtypes and tensors",
                 )
         with self.writer.unrecorded(), self.deeper("unrecorded"):
-            out = _ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+            out = _original_apply(cls, *args, **kwargs)
         results = out if isinstance(out, tuple) else (out,)
         if any(r is not None and not isinstance(r, torch.Tensor) for r in results):
             self.refuse(name, "it returns a value other than tensors, which would be baked in")
@@ -669,7 +669,17 @@ class _ModuleHooks:
 
 # --- Function.apply while tracing (step 2) -----------------------------------------------------
 
-_ORIGINAL_APPLY: Any = torch.autograd.Function.__dict__["apply"]  # a classmethod
+# The class attribute, put back as it was: a Python classmethod before torch 2.15; from 2.15
+# _FunctionBase's C++ classmethod (a classmethod_descriptor, with no __func__), where apply's
+# Python logic moved. Both bind to a class through __get__.
+_ORIGINAL_APPLY: Any = torch.autograd.Function.__dict__["apply"]
+
+
+def _original_apply(cls: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
+    """``cls.apply(*args, **kwargs)`` as PyTorch defines it, whatever the class holds now."""
+    return _ORIGINAL_APPLY.__get__(None, cls)(*args, **kwargs)
+
+
 _tracing = threading.local()  # .watch: the watch of the trace running on this thread
 _patch_lock = threading.Lock()
 _patches = [0]  # traces running with the replacement installed, on any thread
@@ -678,7 +688,7 @@ _patches = [0]  # traces running with the replacement installed, on any thread
 def _apply_while_tracing(cls: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
     watch = getattr(_tracing, "watch", None)
     if watch is None or watch.unrecorded:  # another thread, or nested in a kept call
-        return _ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+        return _original_apply(cls, *args, **kwargs)
     return watch.keep_function(cls, args, kwargs)
 
 

@@ -70,7 +70,6 @@ from fxviews.passes.graph_edits import describe_call
 from fxviews.passes.pinning import LAYOUT_DECISION
 from fxviews.passes.source_lines import note_user_frames, source_line
 from fxviews.passes.torch_internals import (
-    disable_current_modes,
     disable_proxy_modes_tracing,
     dispatch_modes,
     get_proxy_mode,
@@ -187,16 +186,12 @@ class _Recording:
         self.recorder = recorder
         self.graph = recorder.graph
 
-    # The recorder's bookkeeping makes meta tensors: outside its own handler, every dispatch
-    # mode must be off for it, or the trace would record them.
     def node_for(self, tensor: torch.Tensor) -> torch.fx.Node | None:
-        with disable_current_modes():
-            return self.recorder.node_for(tensor)
+        return self.recorder.node_for(tensor)
 
     def add(self, call: _Call, source: torch.fx.Node, result: torch.Tensor) -> torch.fx.Node:
         node = self.graph.call_function(call.op, (source, *call.args), call.kwargs)
-        with disable_current_modes():
-            self.recorder.rebind(result, node)
+        self.recorder.rebind(result, node)
         return node
 
 

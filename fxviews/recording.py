@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -60,10 +61,13 @@ from fxviews.passes.torch_internals import (
     FakeTensorMode,
     LazyGraphModule,
     TorchDispatchMode,
+    disable_current_modes,
     efficient_zero_tensor,
     has_meta_kernel,
+    no_torch_function,
     pytree,
     storage_identity,
+    temporarily_clear_interpreter_stack,
 )
 
 __all__ = [
@@ -71,6 +75,7 @@ __all__ = [
     "OpRecorder",
     "ReadsMemory",
     "ValueReads",
+    "below_torch_functions",
     "reads_values_into_shape",
     "record",
     "recorded_node",
@@ -229,6 +234,24 @@ class ValueReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def below_torch_functions(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A dispatch mode's ``__torch_dispatch__`` run with torch function handling off.
+
+    An op reaches a dispatch mode with the trace's torch function modes popped when the
+    function called it from Python. One that autograd's C++ dispatches itself (the ``detach``
+    of a custom Function's output it saves for backward) comes with them still on, and the
+    handler's own reads (``untyped_storage``, the result's meta twin) would meet them as the
+    function's: the recording would refuse its own bookkeeping.
+    """
+
+    @functools.wraps(handler)
+    def run(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with no_torch_function():
+            return handler(self, func, types, args, kwargs)
+
+    return run
+
+
 class OpRecorder(TorchDispatchMode):
     """A dispatch mode that runs every op for real and records it as a graph node."""
 
@@ -247,6 +270,7 @@ class OpRecorder(TorchDispatchMode):
             node = self.graph.placeholder(f"arg{position}_1")
             self._track(tensor, node)
 
+    @below_torch_functions
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func is efficient_zero_tensor:
@@ -287,9 +311,10 @@ class OpRecorder(TorchDispatchMode):
         """Record ``target(*args, **kwargs)``, which returned ``out``, as one node (a custom
         autograd.Function kept as itself: Note [What autograd sees is part of the trace]; a
         composite call: Note [Composite calls in a recording])."""
-        node_args = _map_arguments(self._node_of, tuple(args))
-        node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
-        self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
+        with self._from_fn_side():
+            node_args = _map_arguments(self._node_of, tuple(args))
+            node_kwargs = {name: _map_arguments(self._node_of, v) for name, v in kwargs.items()}
+            self._bind_result(self.graph.call_function(target, node_args, node_kwargs), out)
 
     def _bind_result(self, node: torch.fx.Node, out: Any) -> None:
         if isinstance(out, torch.Tensor):
@@ -335,13 +360,26 @@ class OpRecorder(TorchDispatchMode):
 
     def node_for(self, tensor: torch.Tensor) -> torch.fx.Node:
         """The node standing for ``tensor`` (a constant's ``get_attr`` the first time)."""
-        return self._node_of(tensor)
+        with self._from_fn_side():
+            return self._node_of(tensor)
 
     def rebind(self, tensor: torch.Tensor, node: torch.fx.Node) -> None:
         """Make ``node`` (added to :attr:`graph` by the caller) stand for ``tensor``, a result of
         an op recorded already: later ops read it through ``node`` (Note [Layout decisions at
         run time])."""
-        self._bind(tensor, node)
+        with self._from_fn_side():
+            self._bind(tensor, node)
+
+    @contextlib.contextmanager
+    def _from_fn_side(self) -> Iterator[None]:
+        """For the bookkeeping of :meth:`record_call`, :meth:`node_for` and :meth:`rebind`,
+        which the tracer calls from ``fn``'s side, not from this mode's handler: below every
+        torch function and dispatch mode (or the recording would refuse its own storage reads
+        as ``fn``'s, and record the meta tensors it makes as ``fn``'s ops), and outside
+        ``fn``'s own ``torch.func`` transforms (a level of ``fn``'s ``grad`` would wrap those
+        meta tensors, and a node's value would be a wrapper with no storage)."""
+        with no_torch_function(), disable_current_modes(), temporarily_clear_interpreter_stack():
+            yield
 
     def _track_item(self, node: torch.fx.Node, index: int, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,6 +41,9 @@ class TorchStateSnapshot:
     function_modes: int
     functorch_depth: int
     python_dual_level: int
+    # Compared, not restored: the innermost saved-tensor hooks, (pack, unpack) or None. A trace
+    # leaves them changed only through a checkpoint left open, which it closes on the way out.
+    saved_tensors_hooks: Any
     # Compared, not restored field by field: the dispatch key guard restores them.
     included_keys: str
     excluded_keys: str
@@ -55,6 +59,7 @@ class TorchStateSnapshot:
             function_modes=internals.function_mode_depth(),
             functorch_depth=internals.functorch_layer_depth(),
             python_dual_level=internals.python_dual_level(),
+            saved_tensors_hooks=internals.top_saved_tensors_hooks(),
             included_keys=str(internals.dispatch_tls_include_set()),
             excluded_keys=str(internals.dispatch_tls_exclude_set()),
         )
@@ -79,7 +84,8 @@ def preserved_torch_state() -> Iterator[None]:
 
     What is restored: grad and forward-grad mode, view replay, functorch's in-place flag, the
     torch dispatch and torch function mode stacks, the functorch dynamic layer stack, the
-    Python-level forward-AD level, and the thread-local included/excluded dispatch keys.
+    Python-level forward-AD level, and the thread-local included/excluded dispatch keys; the
+    saved-tensor hooks of a ``torch.utils.checkpoint`` the body raised through are popped.
     Random number generators are not touched here: only a trace that runs real ops consumes
     them, and that trace forks them itself.
     """
@@ -88,5 +94,9 @@ def preserved_torch_state() -> Iterator[None]:
     with internals.PreserveDispatchKeyGuard():
         try:
             yield
+        except BaseException as err:
+            # Before torch 2.13 a checkpoint fn raised through keeps its saved-tensor hooks.
+            internals.close_abandoned_checkpoints(err)
+            raise
         finally:
             snapshot.restore()

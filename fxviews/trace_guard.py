@@ -38,7 +38,7 @@ from fxviews.passes.torch_internals import (
     op_schema,
     pytree,
 )
-from fxviews.recording import reads_values_into_shape
+from fxviews.recording import below_torch_functions, reads_values_into_shape
 from fxviews.tensor_indices import TensorIndexGathers, refuse_observable_gathers
 
 __all__ = ["ConstantRead", "DataDependentOp", "TraceGuard", "traced_under_guard"]
@@ -130,6 +130,7 @@ class TraceGuard(TorchDispatchMode):
             int, tuple[torch.Tensor, torch.Size, tuple[int, ...], int | torch.SymInt]
         ] = {}
 
+    @below_torch_functions
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         refusing = self._refuse_data_dependent or self._refuse_constant_reads

@@ -29,6 +29,14 @@ from typing import Any
 
 import torch
 
+from .older_releases import (
+    TORCH_RELEASE,
+    close_abandoned_checkpoints,
+    inductor_decompositions,
+    pop_functorch_layers_to,
+    traceable_jacobian_basis,
+)
+
 #: The torch releases fxviews is tested on; named in every error about a missing internal.
 SUPPORTED_TORCH = ">=2.11,<2.16"
 
@@ -104,8 +112,8 @@ try:
     from torch._C._dynamo.guards import GlobalStateGuard, TensorGuards
 
     # What a failed trace can leave changed, and the tracer restores (see fxviews.torch_state):
-    # functorch's transform stack (get_dynamic_layer_stack_depth,
-    # pop_dynamic_layer_stack_and_undo_to_depth) and in-place flag, 2.0; the dispatch and
+    # functorch's transform stack (get_dynamic_layer_stack_depth; its undo, 2.0, is
+    # older_releases.pop_functorch_layers_to) and in-place flag, 2.0; the dispatch and
     # function mode stacks, 2.0; forward-grad mode, 1.13; view replay, 2.0; the thread-local
     # dispatch key sets and the guard that restores them (_PreserveDispatchKeyGuard), 2.1.
     from torch._C._functorch import (
@@ -127,9 +135,6 @@ try:
         maybe_get_bdim,
         peek_interpreter_stack,
         set_inplace_requires_grad_allowed,
-    )
-    from torch._C._functorch import (
-        pop_dynamic_layer_stack_and_undo_to_depth as pop_functorch_layers_to,
     )
 
     # The functorch interpreter stack: transform traces outside every active torch.func
@@ -392,69 +397,6 @@ def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     return dict(shape_env.var_to_val if hints is None else hints)
 
 
-#: The release as (major, minor): where an internal changed form, the form this one has.
-TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-
-
-@contextlib.contextmanager
-def traceable_jacobian_basis() -> Iterator[None]:
-    """Within, ``jacrev`` and ``jacfwd`` build their standard basis with Python offsets.
-
-    Both compute a Jacobian as vjps (jvps) of the rows of an identity matrix split by tensor,
-    made by ``torch._functorch.eager_transforms._chunked_standard_basis_for_``. Before 2.13
-    it places each tensor's block with ``int()`` of a tensor built from the tensors' numels:
-    a fake-mode trace has no value for that ``int`` (an unbacked symbol: "Could not extract
-    specialized integer from data-dependent expression u0") wherever the basis spans two
-    tensors or more (a function with two outputs under jacrev). 2.13 computes the offsets in
-    Python. On 2.11 and 2.12 this puts :func:`_standard_basis_chunks`, the same basis with
-    Python offsets, in its place while the caller traces (the module's global, which jacrev
-    and jacfwd look up on each call); on later releases it changes nothing.
-
-    Example::
-
-        >>> with traceable_jacobian_basis():
-        ...     jacobian = make_fx(torch.func.jacrev(lambda x: (x, 2 * x)), tracing_mode="fake")
-    """
-    if TORCH_RELEASE >= (2, 13):
-        yield
-        return
-    from torch._functorch import eager_transforms
-
-    replaced = eager_transforms._chunked_standard_basis_for_
-    eager_transforms._chunked_standard_basis_for_ = _standard_basis_chunks
-    try:
-        yield
-    finally:
-        eager_transforms._chunked_standard_basis_for_ = replaced
-
-
-def _standard_basis_chunks(
-    tensors: Sequence[torch.Tensor], tensor_numels: Sequence[int], chunk_size: int | None = None
-) -> Generator[tuple[torch.Tensor, ...], None, None]:
-    """The rows of the identity matrix over all elements of ``tensors``, ``chunk_size`` rows at
-    a time (all at once for None), each chunk split by tensor: ``tensor.new_zeros(rows,
-    numel)`` with ones where row ``r`` meets the tensor's column ``r - start`` (``start``: how
-    many elements the tensors before it hold), viewed as ``(rows, *tensor.shape)``.
-
-    Example::
-
-        >>> one, two = next(_standard_basis_chunks([torch.zeros(1), torch.zeros(2)], [1, 2]))
-        >>> one.tolist(), two.tolist()
-        ([[1.0], [0.0], [0.0]], [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    """
-    total = sum(tensor_numels)
-    rows_per_chunk = chunk_size if chunk_size and chunk_size < total else total
-    starts = [sum(tensor_numels[:i]) for i in range(len(tensor_numels))]
-    for first_row in range(0, total, rows_per_chunk) if total else [0]:
-        rows = min(rows_per_chunk, total - first_row)
-        chunk = []
-        for tensor, numel, start in zip(tensors, tensor_numels, starts, strict=True):
-            block = tensor.new_zeros(rows, numel)
-            block.diagonal(first_row - start).fill_(1)
-            chunk.append(block.view(rows, *tensor.shape))
-        yield tuple(chunk)
-
-
 def is_boxed_call(compiled: object) -> bool:
     """Whether AOTAutograd calls ``compiled`` with one list of arguments (``_boxed_call``, 2.0)."""
     return getattr(compiled, "_boxed_call", False)
@@ -579,17 +521,36 @@ def dynamo_functorch_calls() -> dict[str, Any]:
     ``remove_batch_dim``: ``torch._functorch.predispatch``, 2.5), values passed into or out of a
     grad or jvp level (``wrap_for_grad``, ``unwrap_for_grad``, ``set_tensor_requires_grad``,
     ``make_dual``), a dual's parts (``unpack_dual``) and the gradient step (``autograd_grad``,
-    ``torch._functorch.eager_transforms``). As of 2.13."""
+    ``torch._functorch.eager_transforms``). As of 2.13.
+
+    Releases before 2.13 (2.11, 2.12) have no ``predispatch`` wrappers for the grad and jvp
+    calls: there ``grad`` calls ``torch._C._functorch._unwrap_for_grad`` itself and
+    ``torch.autograd.forward_ad`` calls ``torch._VF._make_dual``/``_unpack_dual``, which are
+    what Dynamo's graphs then hold."""
     from torch._functorch import eager_transforms, predispatch
 
+    grad_and_dual: tuple[Any, Any, Any]
+    if hasattr(predispatch, "_unwrap_for_grad"):
+        grad_and_dual = (
+            predispatch._unwrap_for_grad,
+            predispatch._make_dual,
+            predispatch._unpack_dual,
+        )
+    else:  # 2.11, 2.12
+        grad_and_dual = (
+            torch._C._functorch._unwrap_for_grad,
+            torch._VF._make_dual,
+            torch._VF._unpack_dual,
+        )
+    unwrap_for_grad, make_dual, unpack_dual = grad_and_dual
     return {
         "add_batch_dim": predispatch._add_batch_dim,
         "remove_batch_dim": predispatch._remove_batch_dim,
         "wrap_for_grad": torch._C._functorch._wrap_for_grad,
-        "unwrap_for_grad": predispatch._unwrap_for_grad,
+        "unwrap_for_grad": unwrap_for_grad,
         "set_tensor_requires_grad": eager_transforms._set_tensor_requires_grad,
-        "make_dual": predispatch._make_dual,
-        "unpack_dual": predispatch._unpack_dual,
+        "make_dual": make_dual,
+        "unpack_dual": unpack_dual,
         "autograd_grad": eager_transforms._autograd_grad,
     }
 
@@ -733,6 +694,8 @@ BOUND_NAMES = (
     "is_boxed_call",
     "TORCH_RELEASE",
     "traceable_jacobian_basis",
+    "inductor_decompositions",
+    "close_abandoned_checkpoints",
     "symbol_hints",
     "dtensor_op_handlers",
     "dtensor_sharding_propagator",

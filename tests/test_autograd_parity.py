@@ -13,6 +13,7 @@ again on later calls.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,11 @@ import pytest
 import torch
 
 import fxviews
+from fxviews.autograd_structure import KeptFunction
 from fxviews.consumers.export import rewrite_exported
+from fxviews.passes.torch_internals import top_saved_tensors_hooks
+from fxviews.printouts import RECORDED
+from fxviews.tracing import TRACED_WITH, capture
 from tests.autograd_programs import PROGRAMS, SAMPLE_SHAPE, Program
 from tests.reference import (
     assert_tree_close,
@@ -421,6 +426,37 @@ def test_a_function_applied_inside_a_kept_one_runs_as_part_of_it() -> None:
     transformed = fxviews.transform(fn)
     torch.testing.assert_close(torch.func.grad(transformed)(x), torch.func.grad(fn)(x))
     assert torch.autograd.Function.__dict__["apply"] is _ORIGINAL_APPLY
+
+
+@pytest.mark.parametrize("name", ["qat_ste", "dann", "custom_activation"])
+def test_a_kept_function_is_recorded_on_a_sample(name: str) -> None:
+    """A kept Function's node is the recording's, not a reason to trace again in fake mode."""
+    program = PROGRAMS[name]()
+    (sample,) = make_samples([SAMPLE_SHAPE] * program.arity, 1, seed=stable_seed(name))
+    gm = capture(program.fn, list(sample), fresh=True, caller="test", name=name)
+    assert gm.meta[TRACED_WITH] == RECORDED
+    assert any(isinstance(node.target, KeptFunction) for node in gm.graph.nodes), gm.code
+
+
+def test_a_refused_checkpoint_leaves_no_saved_tensor_hooks() -> None:
+    """The refused trace of a checkpointed function leaves no saved-tensor hooks pushed, with
+    the garbage collector off (before torch 2.13, ``checkpoint`` leaves them to it): later
+    eager checkpoints and ``torch.func.grad`` calls run as if no trace had happened."""
+    eager, traced = PROGRAMS["checkpointed"](), PROGRAMS["checkpointed"]()
+    samples = make_samples([SAMPLE_SHAPE], 1, seed=stable_seed("checkpointed"))
+    transformed = fxviews.transform(traced.fn)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        got = ROUTES["backward"](traced, transformed, samples)
+        assert top_saved_tensors_hooks() is None
+        assert_tree_close(got, ROUTES["backward"](eager, eager.fn, samples))
+        x = samples[0][0]
+        torch.testing.assert_close(torch.func.grad(lambda x: x.pow(2).sum())(x), 2 * x)
+    finally:
+        if collecting:
+            gc.enable()
+    assert transformed.cache_info().eager == 1
 
 
 # --- the other entry points -------------------------------------------------------------------

@@ -26,7 +26,13 @@ from torch.func import grad, jvp, vmap
 import fxviews
 from fxviews.layout_decisions import DECIDING_FUNCTIONS
 from tests.layout_sweep import LAYOUTS, LayoutOp, layout_deciding_ops, memory_format_ops
-from tests.reference import TEST_DEVICE, make_samples, randn, stable_seed
+from tests.reference import (
+    TEST_DEVICE,
+    assert_vmap_matches_per_sample,
+    make_samples,
+    randn,
+    stable_seed,
+)
 
 BATCH = 3
 
@@ -282,3 +288,17 @@ def test_a_traced_graph_decides_again_on_the_layout_it_is_given() -> None:
         mine, theirs = make(values), make(values)
         torch.testing.assert_close(gm(mine), _bump(theirs), msg=layout)
         torch.testing.assert_close(mine, theirs, msg=f"{layout}: the argument")
+
+
+def test_a_decision_inside_the_functions_own_grad_is_viewed_further() -> None:
+    """A ``reshape`` inside the function's own ``torch.func.grad``, whose result is viewed
+    again (a view the reshape step rewrites): the decision's node holds a plain fake value,
+    not one wrapped by that ``grad``'s level (which has no storage to read), and the graph
+    gives eager's gradients under ``vmap``."""
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1).view(3, 4).pow(2).sum(0).prod()
+
+    per_sample_grad = grad(loss)
+    samples = make_samples([(4, 3)], BATCH, seed=stable_seed("reshape inside grad"))
+    assert_vmap_matches_per_sample(fxviews.transform(per_sample_grad), per_sample_grad, samples)

@@ -25,7 +25,8 @@ import fxviews.passes.torch_internals as internals
 REPO = Path(__file__).resolve().parent.parent
 # The shipped code: everything in it but the internals module must go through that module.
 LIBRARY_DIRS = ("fxviews", "passes")
-INTERNALS_FILE = REPO / "passes" / "torch_internals.py"
+#: The internals module and its part for releases before 2.13, whose names it re-exports.
+INTERNALS_FILES = {REPO / "passes" / "torch_internals.py", REPO / "passes" / "older_releases.py"}
 # Namespaces without a leading underscore that PyTorch still keeps out of its stable API.
 UNSTABLE_NAMESPACES = ("functorch", "torch.fx.experimental", "torch.fx.passes")
 
@@ -338,7 +339,7 @@ def test_the_scan_finds_each_kind_of_private_use():
 
 @pytest.mark.parametrize(
     "path",
-    [p for d in LIBRARY_DIRS for p in sorted((REPO / d).rglob("*.py")) if p != INTERNALS_FILE],
+    [p for d in LIBRARY_DIRS for p in sorted((REPO / d).rglob("*.py")) if p not in INTERNALS_FILES],
     ids=lambda p: str(p.relative_to(REPO)),
 )
 def test_library_modules_reach_internals_only_through_the_internals_module(path):
@@ -363,3 +364,33 @@ def test_forget_static_evaluations_makes_a_new_guard_an_axiom():
     assert bool(not_one)  # at the hint: records the guard n - 1 != 1
     internals.forget_static_evaluations(env)
     assert internals.statically_known_true(not_one)
+
+
+def test_functorch_layers_a_failed_trace_left_are_popped_and_undone():
+    """Before torch 2.13 PyTorch's own undo popped each layer twice (an internal assert on the
+    last one); the stack must end at the depth asked for, and torch.func work after it."""
+    from torch._C import _functorch
+
+    depth = internals.functorch_layer_depth()
+    _functorch._vmap_increment_nesting(3, "error")
+    _functorch._grad_increment_nesting()
+    _functorch._vmap_increment_nesting(2, "error")
+    internals.pop_functorch_layers_to(depth)
+    assert internals.functorch_layer_depth() == depth
+    x = torch.arange(6.0).reshape(3, 2)
+    torch.testing.assert_close(
+        torch.func.vmap(torch.func.grad(lambda r: r.sin().sum()))(x), x.cos()
+    )
+
+
+def test_inductors_roll_is_laid_out_as_eagers():
+    """Before torch 2.13 Inductor's table decomposed roll into an index_select made contiguous,
+    where eager's roll keeps channels_last; the table the backend gives Inductor must give
+    eager's layout (an as_strided over it reads that memory)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = internals.inductor_decompositions() or select_decomp_table()
+    x = torch.arange(100.0).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    decomposed = internals.make_fx(lambda t: torch.roll(t, -1, 0), decomposition_table=table)(x)
+    assert decomposed(x).stride() == torch.roll(x, -1, 0).stride()
+    torch.testing.assert_close(decomposed(x), torch.roll(x, -1, 0))

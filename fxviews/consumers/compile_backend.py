@@ -184,7 +184,12 @@ def _inductor_backend(
     to compile, forward and backward, so the engine runs between AOTAutograd and Inductor.
     """
     # Imported on use: Inductor takes seconds to import and eager users never need it.
-    from fxviews.passes.torch_internals import compile_fx, compile_fx_inner, functorch_config
+    from fxviews.passes.torch_internals import (
+        compile_fx,
+        compile_fx_inner,
+        functorch_config,
+        inductor_decompositions,
+    )
 
     def rewrite_then_compile(gm: GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         kind = (
@@ -206,7 +211,11 @@ def _inductor_backend(
                 example_inputs,
                 inner_compile=rewrite_then_compile,
                 config_patches=config_patches or None,
-                decompositions=decompositions,
+                # Inductor's own table where none is given, laid out as eager's on releases
+                # before 2.13 (torch_internals.inductor_decompositions).
+                decompositions=inductor_decompositions()
+                if decompositions is None
+                else decompositions,
             )
 
     return _serialized(fxviews_inductor, "fxviews_inductor", strict)
