@@ -71,6 +71,8 @@ aten = torch.ops.aten
 _VALUE_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape})
 #: The verdict per ``(op, argument kinds)``: the node's new ``(op, target)``, or None.
 _VERDICTS: dict[tuple[Any, ...], tuple[str, Any] | None] = {}
+#: ``aten.slice.Tensor``'s defaults for dim, start, end and step.
+_SLICE_DEFAULTS: tuple[Any, ...] = (0, None, None, 1)
 
 
 def bind_calls(gm: torch.fx.GraphModule) -> int:
@@ -99,7 +101,9 @@ def _bind_slice(node: torch.fx.Node) -> bool:
     """``slice(x, dim, start, end, step)`` as ``x[:, ..., start:end:step]`` (the ``:`` for each
     dim before ``dim``), as eager code spells it, where that indexing reaches exactly this
     slice: ATen's indexing skips a slice of the whole dim, so the proof is per argument values."""
-    x, dim, start, end, step = (*node.args, *[0, None, None, 1][len(node.args) - 1 :])[:5]
+    # The schema's defaults for the arguments the node leaves out: dim 0, start, end, step 1.
+    given: list[Any] = [*node.args, *_SLICE_DEFAULTS[len(node.args) - 1 :]]
+    x, dim, start, end, step = given[:5]
     if node.kwargs or not isinstance(dim, int) or dim < 0:
         return False
     index = (*[slice(None)] * dim, slice(start, end, step))
