@@ -255,8 +255,9 @@ def _bump(x: torch.Tensor) -> torch.Tensor:
     return y * 1
 
 
-def test_the_issue_examples() -> None:
-    """Issue 39's examples, tried as a new user would: each equals eager, the caller's tensor
+def test_reshape_flatten_and_a_write_on_transposed_tensors() -> None:
+    """reshape and a write through a transposed tensor, and flatten under vmap with the batch
+    dim in the middle, tried as a new user would: each equals eager, the caller's tensor
     included."""
     x = randn(8, 4).t()
     torch.testing.assert_close(fxviews.transform(lambda x: x.reshape(-1))(x), x.reshape(-1))
