@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fxviews.passes.device_faults import DeviceFailure, still_works
+from fxviews.passes.torch_internals import reset_dynamo
 from fxviews.torch_state import TorchStateSnapshot
 
 
@@ -28,6 +29,15 @@ def _leaves_pytorch_as_it_found_it() -> Iterator[None]:
     yield
     after = TorchStateSnapshot.take()
     assert after == before, f"the test left PyTorch's state changed:\n{before}\n{after}"
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Dynamo's compiled frames and guards outlive a test: a module that compiles asks each of
+    its tests to start from scratch (``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    reset_dynamo()
+    yield
+    reset_dynamo()
 
 
 @pytest.hookimpl(hookwrapper=True)

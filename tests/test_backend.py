@@ -32,13 +32,7 @@ from fxviews.passes.torch_internals import (
 )
 from tests.reference import as_strided_nodes
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    # Compiled frames and their guards outlive a test; each test compiles from scratch.
-    reset_dynamo()
-    yield
-    reset_dynamo()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # --- the functions under test -------------------------------------------------------------

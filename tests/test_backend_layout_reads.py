@@ -16,14 +16,9 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
+from fxviews.passes.torch_internals import BackendCompilerFailed
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    reset_dynamo()
-    yield
-    reset_dynamo()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def scaled_by_a_stride(x):

@@ -19,12 +19,7 @@ import fxviews
 from fxviews.bench.research_programs import PROGRAMS, squared_sum, windows
 from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    reset_dynamo()
-    yield
-    reset_dynamo()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _samples(shape, count=3, seed=0):

@@ -19,12 +19,7 @@ import torch
 import fxviews
 from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    reset_dynamo()
-    yield
-    reset_dynamo()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def overlapping_as_strided_add(a):

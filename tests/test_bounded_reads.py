@@ -21,12 +21,12 @@ from tests.test_symbolic import (
     aten_stage_only,
     compile_and_check,
     compile_and_run,
-    fresh_dynamo,  # noqa: F401  (autouse: a fresh Dynamo around each test)
     grad_inputs,
     outcome,
     trained,
 )
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 aten = torch.ops.aten
 
 

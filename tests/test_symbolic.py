@@ -28,11 +28,7 @@ from tests.test_backend import (
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    reset_dynamo()
-    yield
-    reset_dynamo()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # --- functions whose as_strided geometry follows the input's sizes ---------------------------
