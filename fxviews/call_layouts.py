@@ -32,7 +32,7 @@ argument by what its layout means for the call:
    out, as from its key. Dynamo's check tells a BatchedTensor from a plain tensor, but not a
    ``grad`` or ``jvp`` wrapper of one from a wrapper of the other: where a call passes such
    wrappers, :func:`hot_check` asks each whether it is batched too, and it checks the offsets a
-   graph is held to.
+   graph is held to of the tensors called directly (a batched one's is always 0).
 
 What a trace on exact geometry costs: a recording holds the sample's storage from offset 0 to
 its last element (a slice deep into a large buffer may exceed the recording limit and trace in
@@ -239,13 +239,18 @@ def hot_check(tensors: Sequence[torch.Tensor], offsets: Offsets) -> Callable[...
         >>> check(torch.zeros(2, 3)), check(torch.zeros(3, 2).t())
         (True, False)
     """
-    strides = [None if is_batched(t) else layout_key(t) for t in tensors]
+    batched = [is_batched(t) for t in tensors]
+    strides = [None if b else layout_key(t) for t, b in zip(tensors, batched, strict=True)]
     same_kind = same_kind_check(tensors, strides)
     wrappers = tuple(
-        (i, is_batched(t))
+        (i, batched[i])
         for i, t in enumerate(tensors)
         if is_functorch_wrapped_tensor(t) and not is_batchedtensor(t)
     )
+    # A batched sample is traced at offset 0 whatever its memory (_traced_offset), and a call
+    # passing the checks above is batched where these tensors are: only the others' offsets
+    # can change.
+    offsets = tuple((i, offset) for i, offset in offsets if not batched[i])
     if not wrappers and not offsets:
         return same_kind
 

@@ -91,6 +91,24 @@ def test_a_graph_that_reads_no_position_is_not_held_to_offsets() -> None:
     assert tf.cache_info()[:2] == (4, 1)
 
 
+def test_batched_calls_of_an_offset_bound_graph_share_it_wherever_their_memory_starts() -> None:
+    """Each batched sample is read as a contiguous tensor at offset 0, so the offset its batch
+    starts at in memory picks no graph (and costs the hot call no check); a direct call at an
+    offset of its own still gets its own graph."""
+    tf = fxviews.transform(_absolute_window)
+    buffer = randn(3, 20)
+    for start in [0, 3, 0, 5]:
+        x = buffer[:, start : start + 10]  # batch dim 0, memory from offset `start`
+        samples = [(sample.clone(),) for sample in x]  # each contiguous, at offset 0
+        expected = per_sample_reference(_absolute_window, samples, (0,))
+        torch.testing.assert_close(vmap(tf)(x), expected, rtol=0, atol=0)
+    assert tf.cache_info()[:2] == (3, 1)
+    direct = buffer[0, 2:12]
+    torch.testing.assert_close(tf(direct), _absolute_window(direct), rtol=0, atol=0)
+    torch.testing.assert_close(vmap(tf)(buffer[:, 4:14]), vmap(tf)(buffer[:, 4:14].clone()))
+    assert tf.cache_info()[1] == 2
+
+
 def _column_reads(x: torch.Tensor) -> torch.Tensor:
     return (x.as_strided((2, 2), (1, 3)) ** 2).sum()
 

@@ -93,6 +93,20 @@ def test_a_binding_generated_code_cannot_reach_by_its_name_is_not_used() -> None
     assert aten.split.Tensor in _targets(gm) and torch.mul in _targets(gm)
 
 
+def test_a_one_element_dim_list_is_passed_as_its_int_and_longer_lists_stay() -> None:
+    def fn(x):
+        return x.sum(-1) + x.amax([0, 1]) + x.mean([1], keepdim=True).squeeze(1)
+
+    gm = _graph(fn, torch.randn(3, 4))
+    bind_calls(gm)
+    gm.recompile()
+    dims = {n.target: n.args[1] for n in gm.graph.nodes if n.op == "call_function"}
+    assert dims[torch.sum] == -1 and dims[torch.mean] == 1 and dims[torch.amax] == [0, 1]
+    samples = make_samples([(3, 4)], 3, seed=5, dtype=torch.float32)
+    assert_tree_close(gm(*samples[0]), fn(*samples[0]))
+    assert_vmap_matches_per_sample(gm, fn, samples)
+
+
 def test_slices_become_indexing_where_it_reaches_the_same_slice() -> None:
     gm = _graph(lambda x: x[1:, 1:3] + x[1:, ::2][:, :2], torch.randn(3, 4))
     bind_calls(gm)
