@@ -43,7 +43,7 @@ from .chain import ViewChain, ViewStep, apply_chain
 from .errors import AsStridedRequestError
 from .geometry import Geometry, find_exposed_address
 from .synthesis import synthesize
-from .torch_internals import disable_current_modes
+from .torch_internals import disable_current_modes, temporarily_clear_interpreter_stack
 
 aten = torch.ops.aten
 
@@ -102,8 +102,10 @@ def _cached_chain(source: Geometry, target: Geometry) -> ViewChain | str:
     if target.offset < 0:
         return f"unsafe: its offset is {-target.offset} below the tensor's own, outside the tensor"
     # Verification builds meta tensors: out of reach of any mode that would record or fake them
-    # (torch.compile traces DTensor ops under FakeTensorMode and proxy modes).
-    with disable_current_modes():
+    # (torch.compile traces DTensor ops under FakeTensorMode and proxy modes), and of the
+    # caller's torch.func transforms, whose levels would wrap them (a jvp's GradTrackingTensor
+    # has no storage to compare).
+    with disable_current_modes(), temporarily_clear_interpreter_stack():
         chain = synthesize(source, target)
     if chain is not None:
         return chain or IDENTITY

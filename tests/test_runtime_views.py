@@ -13,6 +13,14 @@ from torch.func import grad, jvp, vmap
 from torch.testing._internal.two_tensor import TwoTensor
 
 import fxviews
+from fxviews.passes.runtime_views import _cached_chain
+
+
+@pytest.fixture(autouse=True)
+def uncached_chains():
+    """Each test finds its chains first under its own transforms (grad, jvp, vmap): one an
+    earlier test left in the process-wide cache would hide how they are found there."""
+    _cached_chain.__wrapped__.cache_clear()  # under torch.compiler.disable
 
 
 def row_windows(t: torch.Tensor) -> torch.Tensor:
