@@ -198,6 +198,7 @@ def rewrite_in_place(
     guard_kept: bool = True,
     against_eager_layouts: bool = False,
     bind_calls: bool = False,
+    fx_code: bool = True,
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -207,9 +208,12 @@ def rewrite_in_place(
 
     ``gm`` itself is rewritten and becomes ``result.graph_module``, its code generated: the
     callers run it next (a lazy module, such as a recorded trace, would otherwise answer each
-    call through a stub). ``result.code_before`` is kept only where a printout may show it
-    (``FXVIEWS_DEBUG=1``), else empty: generating a large graph's code costs as much as a
-    third of the rewrite, and a lazy ``gm`` then generates it once, after the rewrite.
+    call through a stub). ``fx_code=False`` leaves a lazy module's FX code to whatever reads
+    it first, for a caller that runs the graph through code of its own
+    (:func:`fxviews.graph_code.run_only_forward`). ``result.code_before`` is kept only where
+    a printout may show it (``FXVIEWS_DEBUG=1``), else empty: generating a large graph's code
+    costs as much as a third of the rewrite, and a lazy ``gm`` then generates it once, after
+    the rewrite.
 
     Example::
 
@@ -227,7 +231,8 @@ def rewrite_in_place(
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
         result = _rewrite_steps(gm, code_before, strict, example_inputs, steps)
-        LazyGraphModule.force_recompile(gm)
+        if fx_code:
+            LazyGraphModule.force_recompile(gm)
         return result
 
 

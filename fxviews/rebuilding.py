@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -39,10 +40,17 @@ def output_rebuilder(
     expression = _expression(spec, sources, produced, constant)
     if expression is None:
         return _general_rebuilder(spec, from_graph, tuple(constants))
+    return _builder(expression)(tuple(constants))
+
+
+@functools.lru_cache(maxsize=256)
+def _builder(expression: str) -> Callable[[tuple[Any, ...]], Rebuilder]:
+    """The function from a signature's constants to its rebuilder, compiled once per structure
+    (most outputs are one of a few: ``produced[0]``, a pair, a list)."""
     # The source holds only brackets, commas and integer indices (no value of the caller's), so
     # compiling it runs nothing but the indexing it spells.
     code = compile(f"lambda constants: lambda produced: {expression}", "<fxviews output>", "eval")
-    return eval(code, {})(tuple(constants))
+    return eval(code, {})  # type: ignore[no-any-return]
 
 
 def _expression(

@@ -50,7 +50,8 @@ cache hit for such a call costs as little as the checks it must make. It is writ
    bindings where proven the same call, its constants read from the module's instance dict,
    and what it computes from no input computed once (Notes [Calling ops through their Python
    bindings] and [Results that depend on no input]): about a microsecond less per op, which
-   on small programs under ``vmap`` is the difference to eager (bench row 12).
+   on small programs under ``vmap`` is the difference to eager (bench row 12). Its code is
+   written by :mod:`fxviews.graph_code` (Note [The code of a graph only run]), not FX.
 
 Under ``vmap`` the arguments are BatchedTensor wrappers, whose ``shape``/``dtype``/``device``
 are the logical per-sample ones, read in C++ like a plain tensor's; the hot call's check,
@@ -98,6 +99,7 @@ from fxviews.call_layouts import (
     offsets_of,
 )
 from fxviews.failure_messages import definition_line
+from fxviews.graph_code import run_only_forward
 from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
     ModuleCalls,
@@ -572,12 +574,13 @@ class _GraphCache:
             offsets = offsets_of(tensors, offset_bound_inputs(gm))
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
-            result = rewrite_in_place(gm, strict=self.strict, bind_calls=True)
+            result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)
         guard.watch(calls.modules)
         report_rewrite(result, source=f"transform({name})")
         # A call that raises inside a grad-mode region leaves the caller's mode as fn's `with`
         # would (Note [What autograd sees is part of the trace]).
-        forward = restoring_grad_mode(result.graph_module.forward, result.graph_module.graph)
+        graph_module = result.graph_module
+        forward = restoring_grad_mode(run_only_forward(graph_module), graph_module.graph)
         if _has_dynamic_output_shape(result.graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         return _Entry(

@@ -307,6 +307,13 @@ def graph_pytree_info(graph: torch.fx.Graph) -> Any:
     return getattr(graph._codegen, "pytree_info", None)
 
 
+def has_plain_codegen(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` generates FX's plain calling convention (``forward(self, *inputs)``
+    returning its output as it is): ``graph._codegen`` is an exact ``CodeGen``, 1.13.
+    """
+    return type(graph._codegen) is torch.fx.graph.CodeGen
+
+
 def install_graph(graph_module: torch.fx.GraphModule, graph: torch.fx.Graph) -> None:
     """Make ``graph`` the graph of ``graph_module`` without generating its code.
 
@@ -686,6 +693,7 @@ BOUND_NAMES = (
     "set_python_dual_level",
     "is_zerotensor",
     "graph_pytree_info",
+    "has_plain_codegen",
     "install_graph",
     "op_schema",
     "has_meta_kernel",
