@@ -36,7 +36,6 @@ from fxviews.passes.torch_internals import (
     has_storage,
     is_zerotensor,
     op_schema,
-    pytree,
 )
 from fxviews.recording import below_torch_functions, reads_values_into_shape
 from fxviews.tensor_indices import TensorIndexGathers, refuse_observable_gathers
@@ -151,8 +150,8 @@ class TraceGuard(TorchDispatchMode):
         return out
 
     def _own(self, values: Any) -> None:
-        for leaf in pytree.tree_leaves(values):
-            key = _storage_key(leaf)
+        for tensor in _tensor_arguments(values if isinstance(values, (list, tuple)) else [values]):
+            key = _storage_key(tensor)
             if key is not None:
                 self._owned.add(key)
 
@@ -231,17 +230,21 @@ def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     """The tensors ``func`` writes to, by its schema's alias annotations."""
     if not isinstance(func, OpOverload):
         return []
-    schema = op_schema(func)
-    bound = dict(zip((a.name for a in schema.arguments), args, strict=False))  # defaults
-    bound.update(kwargs)
-    written = []
-    for argument in schema.arguments:
-        info = argument.alias_info
-        if info is None or not info.is_write or argument.name not in bound:
-            continue
-        written += [
-            leaf
-            for leaf in pytree.tree_leaves(bound[argument.name])
-            if isinstance(leaf, torch.Tensor)
-        ]
+    written: list[torch.Tensor] = []
+    for position, name in _written_arguments(func):
+        if name in kwargs:
+            written += _tensor_arguments([kwargs[name]])
+        elif position < len(args):  # else left to its default
+            written += _tensor_arguments([args[position]])
     return written
+
+
+@functools.cache
+def _written_arguments(func: OpOverload) -> tuple[tuple[int, str], ...]:
+    """The position and name of each argument ``func``'s schema says it writes (most ops: none);
+    once per op, since the guard asks on every op of a trace."""
+    return tuple(
+        (position, argument.name)
+        for position, argument in enumerate(op_schema(func).arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
