@@ -23,7 +23,8 @@ never shown as code, only run, so its code is written here, node by node:
 4. **Freed after the last use,** as FX's code frees them: a large intermediate does not live
    to the end of the call.
 5. **Tracebacks** show the line that raised: the source is registered with ``linecache`` for
-   as long as the function lives.
+   as long as a function of it lives. A source compiles once (its text names no object, so a
+   graph traced again for new sizes writes the same text; 256 texts are kept).
 
 A graph with anything else (a ``call_module`` node, an input with a default or a ``*`` input, a
 code generator other than FX's plain one, such as make_fx's pytree convention, a dict argument)
@@ -39,6 +40,8 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import linecache
 import math
@@ -73,13 +76,35 @@ def run_only_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
         source, names = _Writer(gm.graph).write()
     except _Unsupported:
         return gm.forward
-    filename = f"<fxviews graph {next(_serial)}>"
+    code, filename = _compiled(source)
     namespace = dict(names)
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source written above
+    exec(code, namespace)  # noqa: S102 - source written above
     function = namespace["forward"]
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    weakref.finalize(function, linecache.cache.pop, filename, None)
+    if not _functions_of[filename]:
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    _functions_of[filename] += 1
+    weakref.finalize(function, _function_died, filename)
     return types.MethodType(function, gm)
+
+
+#: How many functions of each compiled source live: its lines stay in linecache while any does.
+_functions_of: collections.Counter[str] = collections.Counter()
+
+
+def _function_died(filename: str) -> None:
+    _functions_of[filename] -= 1
+    if not _functions_of[filename]:
+        del _functions_of[filename]
+        linecache.cache.pop(filename, None)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str) -> tuple[types.CodeType, str]:
+    """The code of ``source`` and the name it goes by in tracebacks, compiled once per text:
+    a function traced again for new sizes or layouts, or transformed again, writes the same
+    source (the objects it calls are globals of each function, not part of the text)."""
+    filename = f"<fxviews graph {next(_serial)}>"
+    return compile(source, filename, "exec"), filename
 
 
 class _Unsupported(Exception):  # noqa: N818 - a signal inside this module

@@ -157,3 +157,18 @@ def test_getitem_spelled_as_subscript_reads_what_operator_getitem_reads() -> Non
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     value = torch.arange(24.0).reshape(2, 3, 4)
     assert torch.equal(run_only_forward(gm)(value)[0], value[:, 1::2, None])
+
+
+def test_a_source_compiles_once_and_keeps_its_lines_while_any_function_of_it_lives() -> None:
+    # Two traces of one program (as for a new batch size) write the same text over other objects.
+    first = run_only_forward(_cached_graph(lambda x: x.sin() * 2, torch.ones(3)))
+    second = run_only_forward(_cached_graph(lambda x: x.sin() * 2, torch.ones(5)))
+    assert first.__func__.__code__ is second.__func__.__code__
+    assert torch.equal(_leaves(second(torch.ones(5)))[0], torch.ones(5).sin() * 2)
+    filename = first.__func__.__code__.co_filename
+    del first
+    gc.collect()
+    assert linecache.getline(filename, 2).strip().startswith("v")
+    del second
+    gc.collect()
+    assert linecache.getline(filename, 2) == ""
