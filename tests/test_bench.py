@@ -153,7 +153,11 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     for line in small[:2]:
         assert all(line[k] > 0 for k in ("eager_s", "tf_s", "eager_first_s", "tf_first_s"))
         assert line["tf/eager"] == line["tf_s"] / line["eager_s"]
+        # Timed inside one vmap call: each path's part of a whole vmap call of it.
+        assert -line["eager_s"] < line["in_vmap_tf-eager_s"] < line["tf_s"]
     assert small[3]["tf/eager"] == max(line["tf/eager"] for line in small[:2])
+    inside = [line["in_vmap_tf-eager_s"] for line in small[:2]]
+    assert small[2]["in_vmap_tf-eager_s"] == pytest.approx(sum(inside) / 2)  # the median of two
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 

@@ -165,6 +165,7 @@ SHORT_HEADERS.update(
         "eager_first_s": "eager\nfirst",
         "tf_first_s": "tf\nfirst",
         "tf/eager first": "tf/\neager\nfirst",
+        "in_vmap_tf-eager_s": "in vmap:\ntf -\neager",
         "share_%": "fxviews\nshare %",
         "aot/eager first": "aot/\neager\nfirst",
         "tf/eager": "tf/\neager",

@@ -4,10 +4,11 @@ few ops each (:mod:`fxviews.bench.small_programs`), B=3 with the batch dim at 1.
 On such programs eager ``vmap``'s own cost per op is most of a call, so whatever a transformed
 call adds per op or per call shows: the row reports, per program and in the same run, the
 steady-state call of both paths (minimum CPU time over interleaved repeats, each path warmed
-up first) and their first calls on a fresh function in a warm process (CPU time, median of
-``compile_repeats``). The last lines hold the median and the largest of each ratio: the goals
-are a steady state at or under eager's on every program and a first call within 5x eager's
-(median).
+up first), how much more a call of ``transform(fn)`` costs than one of ``fn`` inside one
+``vmap`` (timed there, free of ``vmap``'s own variation), and their first calls on a fresh
+function in a warm process (CPU time, median of ``compile_repeats``). The last lines hold the
+median and the largest of each ratio: the goals are a steady state at or under eager's on
+every program and a first call within 5x eager's (median).
 """
 
 from __future__ import annotations
@@ -76,15 +77,45 @@ def _measure(name: str, settings: Settings) -> dict[str, Any]:
         settings.repeats * 9,
         settings.min_repeat_seconds / 10,
     )
+    inside = _inside_one_vmap(name, args, settings)
     return {
         "program": name,
         "eager_s": steady["eager"],
         "tf_s": steady["tf"],
         "tf/eager": ratio(steady["tf"], steady["eager"]),
+        "in_vmap_tf-eager_s": inside["tf"] - inside["eager"],
         "eager_first_s": first["eager"],
         "tf_first_s": first["tf"],
         "tf/eager first": ratio(first["tf"], first["eager"]),
     }
+
+
+def _inside_one_vmap(name: str, args: tuple[Any, ...], settings: Settings) -> dict[str, float]:
+    """Each path's call of ``fn`` alone, timed inside one ``vmap`` call on its batched tensors.
+
+    A whole ``vmap`` call is ~20 us of ``vmap``'s own work around the function, the same for
+    both paths but varying by about a microsecond from repeat to repeat; timed inside it, the
+    difference ``transform`` makes (its cached call, its graph's ops against eager's) is read
+    to a tenth of a microsecond.
+    """
+    fn, dims = PROGRAMS[name][0], in_dims(name, SMALL_BATCH_DIM)
+    transformed = fxviews.transform(fn)
+    seconds: dict[str, float] = {}
+
+    def timed(*batched: Any) -> Any:
+        calls = {
+            "eager": functools.partial(fn, *batched),
+            "tf": functools.partial(transformed, *batched),
+        }
+        for call in calls.values():
+            call()  # traced here: the repeats time the steady state (and are sized by it)
+        seconds.update(
+            min_cpu_seconds(calls, settings.repeats * 3, settings.min_repeat_seconds / 10)
+        )
+        return batched[0]  # vmap returns something batched
+
+    torch.func.vmap(timed, in_dims=dims)(*args)
+    return seconds
 
 
 def _summary(table: Table) -> Table:
@@ -92,7 +123,7 @@ def _summary(table: Table) -> Table:
     for label, summarize in (("median", statistics.median), ("largest", max)):
         line: dict[str, Any] = dict.fromkeys(table[0])
         line["program"] = label
-        for key in ("tf/eager", "tf/eager first"):
+        for key in ("tf/eager", "in_vmap_tf-eager_s", "tf/eager first"):
             line[key] = summarize(row[key] for row in table)
         lines.append(line)
     return lines
