@@ -20,16 +20,16 @@ never shown as code, only run, so its code is written here, node by node:
 3. **Python's own syntax** for ``operator.getitem`` (``x[i]``) and method calls
    (``x.name(...)``); a ``get_attr`` reads ``self.<target>`` (the module's attribute, as FX's
    code reads it).
-4. **Freed after the last use,** as FX's code frees them: a large intermediate does not live
-   to the end of the call.
+4. **Freed after the last use,** as FX's code frees them (a result nothing reads, at once): a
+   large intermediate does not live to the end of the call.
 5. **Tracebacks** show the line that raised: the source is registered with ``linecache`` for
    as long as a function of it lives. A source compiles once (its text names no object, so a
    graph traced again for new sizes writes the same text; 256 texts are kept).
 
 A graph with anything else (a ``call_module`` node, an input with a default or a ``*`` input, a
 code generator other than FX's plain one, such as make_fx's pytree convention, a dict argument)
-runs FX's own code. Either way the function computes what ``gm.forward`` computes; the module's
-FX code itself is still generated whenever something reads ``gm.code``.
+runs FX's own code. Either way the function computes what ``gm.forward`` computes; the
+module's FX code itself is still generated whenever something reads ``gm.code``.
 
 Example::
 
@@ -140,8 +140,10 @@ class _Writer:
                 break
             self.local[node] = f"v{position}"
             lines.append(f"{self.local[node]} = {self._call(node)}")
-            if node in freed:
-                lines.append(" = ".join(self.local[value] for value in freed[node]) + " = None")
+            # What this node read last, and its own result if nothing reads it.
+            dead = [*freed.get(node, ()), *([] if node.users else [node])]
+            if dead:
+                lines.append(" = ".join(self.local[value] for value in dead) + " = None")
         header = f"def forward({', '.join(['self', *inputs])}):\n"
         return header + "".join(f"    {line}\n" for line in lines), self.globals
 

@@ -126,6 +126,17 @@ def test_each_value_is_freed_after_its_last_use() -> None:
     assert gm(torch.ones(3))[0].item() == 7.0  # FX's code frees it too
 
 
+def test_a_result_nothing_reads_is_freed_at_once() -> None:
+    watch = _Watch()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(watch.keep, (graph.call_function(torch.mul, (x, 2.0)),))  # unread
+    total = graph.call_function(torch.sum, (x,))
+    graph.output([graph.call_function(watch.freed, (total,))])
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert run_only_forward(gm)(torch.ones(3))[0].item() == 4.0
+
+
 def test_a_traceback_shows_the_line_that_raised_for_as_long_as_the_code_lives() -> None:
     gm = _cached_graph(lambda x, y: (x @ y).sum(), torch.ones(2, 3), torch.ones(3, 2))
     forward = run_only_forward(gm)
