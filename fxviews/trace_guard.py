@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from fxviews.passes.aliasing import written_slots
 from fxviews.passes.as_strided_calls import refuse_negative_request
 from fxviews.passes.source_lines import NOTED_OPS, note_user_frames
 from fxviews.passes.torch_internals import (
@@ -35,7 +36,6 @@ from fxviews.passes.torch_internals import (
     get_proxy_slot,
     has_storage,
     is_zerotensor,
-    op_schema,
 )
 from fxviews.recording import below_torch_functions, reads_values_into_shape
 from fxviews.tensor_indices import TensorIndexGathers, refuse_observable_gathers
@@ -150,7 +150,7 @@ class TraceGuard(TorchDispatchMode):
         return out
 
     def _own(self, values: Any) -> None:
-        for tensor in _tensor_arguments(values if isinstance(values, (list, tuple)) else [values]):
+        for tensor in _tensor_arguments([values]):
             key = _storage_key(tensor)
             if key is not None:
                 self._owned.add(key)
@@ -231,20 +231,9 @@ def _written_tensors(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     if not isinstance(func, OpOverload):
         return []
     written: list[torch.Tensor] = []
-    for position, name in _written_arguments(func):
+    for position, name in written_slots(func):
         if name in kwargs:
             written += _tensor_arguments([kwargs[name]])
         elif position < len(args):  # else left to its default
             written += _tensor_arguments([args[position]])
     return written
-
-
-@functools.cache
-def _written_arguments(func: OpOverload) -> tuple[tuple[int, str], ...]:
-    """The position and name of each argument ``func``'s schema says it writes (most ops: none);
-    once per op, since the guard asks on every op of a trace."""
-    return tuple(
-        (position, argument.name)
-        for position, argument in enumerate(op_schema(func).arguments)
-        if argument.alias_info is not None and argument.alias_info.is_write
-    )

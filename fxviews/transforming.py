@@ -581,7 +581,7 @@ class _GraphCache:
         # would (Note [What autograd sees is part of the trace]).
         graph_module = result.graph_module
         forward = restoring_grad_mode(run_only_forward(graph_module), graph_module.graph)
-        if _has_dynamic_output_shape(result.graph_module.graph):
+        if _has_dynamic_output_shape(graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         return _Entry(
             forward=forward,

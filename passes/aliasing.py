@@ -201,6 +201,18 @@ def _alias_annotations(op: OpOverload) -> _AliasAnnotations:
     )
 
 
+def written_slots(op: OpOverload) -> tuple[_Slot, ...]:
+    """The position and name of each argument ``op``'s schema says it writes (most ops: none),
+    read once per op.
+
+    Example::
+
+        >>> written_slots(torch.ops.aten.add_.Tensor)
+        ((0, 'self'),)
+    """
+    return _alias_annotations(op).written
+
+
 def _argument_nodes_at(node: torch.fx.Node, slots: tuple[_Slot, ...]) -> list[torch.fx.Node]:
     """The nodes among ``node``'s arguments at ``slots``, positional or keyword alike."""
     found: list[torch.fx.Node] = []

@@ -55,6 +55,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 import types
@@ -107,18 +108,20 @@ def _single_ints(op: OpOverload, args: tuple[Any, ...]) -> tuple[Any, ...] | Non
     """``args`` with each one-element list of ints passed for an ``int[1]`` parameter spelled as
     the int alone, as eager code writes ``x.sum(-1)`` (the parser makes the same list of it,
     and parsing an int costs ~0.2 us less than a list); None where there is none."""
-    parameters = op_schema(op).arguments
     spelled = list(args)
-    for position, value in enumerate(args):
-        if (
-            position < len(parameters)
-            and getattr(parameters[position], "N", None) == 1  # its stubs leave N out
-            and isinstance(value, list)
-            and len(value) == 1
-            and type(value[0]) is int
-        ):
+    for position in _int1_positions(op):
+        value = args[position] if position < len(args) else None
+        if isinstance(value, list) and len(value) == 1 and type(value[0]) is int:
             spelled[position] = value[0]
     return tuple(spelled) if spelled != list(args) else None
+
+
+@functools.cache
+def _int1_positions(op: OpOverload) -> tuple[int, ...]:
+    """The positions of ``op``'s ``int[1]`` parameters, read from its schema once per op."""
+    arguments = op_schema(op).arguments
+    # The stubs leave an argument's fixed list length N out.
+    return tuple(i for i, a in enumerate(arguments) if getattr(a, "N", None) == 1)
 
 
 def _bind_slice(node: torch.fx.Node) -> bool:
