@@ -23,6 +23,8 @@ import torch
 
 import fxviews
 from fxviews.graph_code import run_only_forward
+from fxviews.passes.bound_calls import bind_calls, bind_constants
+from fxviews.passes.constant_folding import fold_input_free_results
 from tests.reference import assert_tree_close, assert_vmap_matches_per_sample, make_samples
 
 
@@ -60,9 +62,6 @@ def _cached_graph(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.Graph
     """The graph a transform of ``fn`` caches for ``args`` (bound calls, folded constants)."""
     result = fxviews.rewrite(fxviews.trace(fn, *args))
     gm = result.graph_module
-    from fxviews.passes.bound_calls import bind_calls, bind_constants
-    from fxviews.passes.constant_folding import fold_input_free_results
-
     fold_input_free_results(gm)
     bind_calls(gm)
     bind_constants(gm)
