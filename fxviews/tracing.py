@@ -141,7 +141,8 @@ class TracingError(FxViewsError):
     ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
     transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
     hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
-    module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real
+    conjugate"`` (``transform`` called with a tensor whose conjugate or negative bit is set),
+    ``"lazy module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real
     tracing could run).
 
     Example::
@@ -167,6 +168,7 @@ EAGER_CAUSES = frozenset(
         "reads tensor values",
         "closure over a transformed tensor",
         "autograd",
+        "lazy conjugate",
     }
 )
 

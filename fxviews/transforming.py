@@ -521,6 +521,7 @@ class _GraphCache:
                 )
             raise _TraceLater(None)  # their first call creates the parameters, quietly
         try:
+            _check_no_lazy_bits(self.fn, leaves)
             _check_no_captured_wrappers(self.fn, reached)
             entry = self._build_graph(spec, leaves, keepalive, guard)
         except TracingError as err:
@@ -683,8 +684,16 @@ def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
     # torch.Size hashes and compares as the tuple of its sizes. requires_grad: the trace's
     # tensors require grad where the call's do (Note [What autograd sees is part of the trace]).
-    # The layout: Note [The layout of a call].
-    return (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad, layout_key(tensor))
+    # The layout: Note [The layout of a call]. The lazy conjugate and negative bits: such a
+    # call runs eagerly (_check_no_lazy_bits), a plain one of the same values does not.
+    return (
+        tensor.shape,
+        tensor.dtype,
+        tensor.device,
+        tensor.requires_grad,
+        layout_key(tensor),
+        tensor.is_conj() or tensor.is_neg(),
+    )
 
 
 def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
@@ -695,6 +704,9 @@ def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
     except TypeError:
         keepalive.append(leaf)
         return (type(leaf), "id", id(leaf))
+    if isinstance(leaf, (float, complex)):
+        # 0.0 == -0.0, but a graph bakes the sign in (atan2, division, copysign).
+        return (type(leaf), leaf, repr(leaf))
     # The type keeps 1, 1.0 and True apart: they hash equal but trace differently.
     return (type(leaf), leaf)
 
@@ -715,6 +727,25 @@ def _outside_transforms() -> Iterator[None]:
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.set_grad_enabled(grad_enabled))
         yield
+
+
+def _check_no_lazy_bits(fn: Callable[..., Any], leaves: list[Any]) -> None:
+    """Refuse a call passing a tensor with the lazy conjugate or negative bit (``z.conj()``,
+    ``z.conj().imag``).
+
+    The trace's samples are plain tensors: ``fn`` would be recorded reading ``is_conj()`` as
+    False and ``resolve_conj()`` as a no-op, and the graph, run on the caller's tensor, would
+    write into its memory where eager writes into a resolved copy. Such a call runs eagerly.
+    """
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and (leaf.is_conj() or leaf.is_neg()):
+            bit = "conjugate" if leaf.is_conj() else "negative"
+            raise TracingError(
+                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)} for "
+                f"an argument with PyTorch's lazy {bit} bit (a view like z.conj() or "
+                f"z.conj().imag): pass x.resolve_conj() / x.resolve_neg() to have it traced.",
+                "lazy conjugate",
+            )
 
 
 def _check_no_captured_wrappers(fn: Callable[..., Any], reached: list[Any]) -> None:

@@ -497,6 +497,67 @@ def test_cache_keys_on_shape_dtype_and_non_tensor_values():
     assert tf.cache_info() == (1, 5, 32, 5, 0)  # hits, misses, maxsize, currsize, eager
 
 
+@pytest.mark.parametrize("zero", [0.0, -0.0, 0j, complex(-0.0, 0.0)])
+def test_the_sign_of_a_zero_argument_selects_its_own_graph(zero):
+    # 0.0 == -0.0 (and they hash equal), but a graph bakes the number in: atan2 turns the sign
+    # into pi or -pi. Each sign, called after the other, must give eager's value.
+    def fn(x, s):
+        return torch.atan2(torch.full_like(x, s.real if isinstance(s, complex) else s), -x)
+
+    other = -zero if isinstance(zero, float) else complex(-zero.real, zero.imag)
+    tf, x = fxviews.transform(fn), torch.ones(2)
+    for s in (other, zero, other, zero):
+        torch.testing.assert_close(tf(x, s), fn(x, s), rtol=0, atol=0)
+    assert tf.cache_info()[:2] == (2, 2)  # hits, misses
+
+
+LAZY_BIT_FNS = {
+    "resolve_conj().add_": lambda x: x.resolve_conj().add_(1),
+    "is_conj branch": lambda x: x * (2 if x.is_conj() else 1),
+    "imag": lambda x: x.imag * 1,
+    "view_as_real": lambda x: torch.view_as_real(x.resolve_conj()) + 0,
+}
+
+
+@pytest.mark.parametrize("vmapped", [False, True])
+@pytest.mark.parametrize("name", sorted(LAZY_BIT_FNS))
+def test_an_argument_with_the_conjugate_bit_runs_as_eager_does(name, vmapped, caplog):
+    # The trace's samples are plain tensors: a graph would write resolve_conj()'s "copy" into
+    # the caller's memory, and read is_conj() as False. Such a call runs eagerly, and a plain
+    # call of the same values (before or after it) has its own graph.
+    fn = LAZY_BIT_FNS[name]
+    tf = fxviews.transform(fn)
+    if vmapped:
+        fn, tf = torch.func.vmap(fn, in_dims=1), torch.func.vmap(tf, in_dims=1)
+
+    def call(f, conj):  # the result and the caller's tensor after the call, or eager's error
+        base = torch.tensor([[1 + 1j, 2 - 2j], [3 + 3j, -4j]])
+        x = base.conj() if conj else base
+        try:
+            return f(x), base
+        except RuntimeError as err:  # vmap has no batching rule for x.imag's _neg_view
+            return str(err)
+
+    for conj in (False, True, False, True):
+        got, want = call(tf, conj), call(fn, conj)
+        if isinstance(want, str):
+            assert got == want
+        else:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert "lazy conjugate bit" in caplog.text
+
+
+def test_an_argument_with_the_negative_bit_runs_as_eager_does():
+    def fn(x):
+        return x.resolve_neg().add_(10)
+
+    tf = fxviews.transform(fn)
+    for f in (tf, fn):
+        z = torch.tensor([1 + 1j, 2 + 2j])
+        torch.testing.assert_close(f(z.conj().imag), torch.tensor([9.0, 8.0]))
+        torch.testing.assert_close(z, torch.tensor([1 + 1j, 2 + 2j]))  # eager wrote a copy
+
+
 def test_cache_is_bounded_lru():
     tf = fxviews.transform(lambda x: x * 2, cache_size=2)
     a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
