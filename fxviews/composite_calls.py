@@ -1,4 +1,5 @@
-"""Record ``linear`` and ``matmul`` as the one call eager code makes, not as their decomposition.
+"""Record ``linear``, ``matmul`` and ``dropout`` as the one call eager code makes, not as their
+decomposition.
 
 Note [Composite calls in a recording]
 -------------------------------------
@@ -14,6 +15,15 @@ which eager ``vmap(fn)`` gets by calling ``linear`` itself. So, while recording,
 memory still the trace's, and still refused where a recording would refuse them), and the
 call's result is recorded as made by that node. When the graph runs, the call decomposes as
 eager's would, for the shapes (and batch) it meets then.
+
+``F.dropout`` and ``F.alpha_dropout`` are kept whole for the random stream: on a CPU sample
+they decompose into ``empty_like`` and an in-place ``bernoulli_``, and under ``vmap`` an
+in-place draw fills the batch in its memory order, where eager ``vmap`` (``randomness=
+"different"``) runs its own rule for the call and draws the batch in logical order: with the
+batch dim anywhere but first in memory the masks would differ from eager's. Kept whole, the
+graph's call draws as eager's does, directly and under ``vmap``. Only a training call with a
+probability in (0, 1] is kept: otherwise the op returns its input itself, which is no new
+memory (below).
 
 Only where the decomposition is all a recording would miss:
 
@@ -59,12 +69,35 @@ __all__ = ["CompositeCalls"]
 
 aten = torch.ops.aten
 
-#: The Python entry points of the composite calls kept whole, and the op each is recorded as.
-_COMPOSITES: dict[Any, Any] = {
-    F.linear: aten.linear.default,
-    torch.matmul: aten.matmul.default,
-    torch.Tensor.matmul: aten.matmul.default,
-    torch.Tensor.__matmul__: aten.matmul.default,
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def _as_called(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+    """The arguments of an entry point spelled as its op's (``linear``, ``matmul``)."""
+    return args, kwargs
+
+
+def _as_dropout(
+    input: torch.Tensor,  # noqa: A002 - F.dropout's own parameter names, passed by keyword too
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+) -> Call | None:
+    """``F.dropout``'s arguments as ``aten.dropout``'s, where the call makes new memory."""
+    if inplace or not training or not 0 < p <= 1 or input.numel() == 0:
+        return None
+    return (input, p, training), {}
+
+
+#: The Python entry points of the composite calls kept whole: the op each is recorded as, and
+#: its arguments spelled as that op's (None where the call is not kept).
+_COMPOSITES: dict[Any, tuple[Any, Any]] = {
+    F.linear: (aten.linear.default, _as_called),
+    torch.matmul: (aten.matmul.default, _as_called),
+    torch.Tensor.matmul: (aten.matmul.default, _as_called),
+    torch.Tensor.__matmul__: (aten.matmul.default, _as_called),
+    F.dropout: (aten.dropout.default, lambda a, k: _as_dropout(*a, **k)),
+    F.alpha_dropout: (aten.alpha_dropout.default, lambda a, k: _as_dropout(*a, **k)),
 }
 
 
@@ -78,8 +111,11 @@ class CompositeCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        op = _COMPOSITES.get(func)
-        if op is None or not self._recorder.recording or not _keepable(op, args, kwargs):
+        op, spelled = _COMPOSITES.get(func, (None, None))
+        if op is None or not self._recorder.recording:
+            return func(*args, **kwargs)
+        call = spelled(args, kwargs)
+        if call is None or not _keepable(op, *call):
             return func(*args, **kwargs)
         # The recorder's own reads and meta tensors, outside the modes that watch the function.
         with no_torch_function(), disable_current_modes():
@@ -90,7 +126,7 @@ class CompositeCalls(TorchFunctionMode):
         with self._recorder.unrecorded():
             out = func(*args, **kwargs)
         with no_torch_function(), disable_current_modes():
-            self._recorder.record_new_result(op, args, kwargs, out)
+            self._recorder.record_new_result(op, *call, out)
         return out
 
 
