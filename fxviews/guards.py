@@ -48,6 +48,7 @@ from fxviews.passes.torch_internals import GlobalStateGuard, TensorGuards
 __all__ = [
     "ModuleCalls",
     "StateGuard",
+    "global_names",
     "reachable_objects",
     "same_kind_check",
     "uninitialized_lazy_modules",
@@ -216,17 +217,17 @@ def _function_references(fn: types.FunctionType) -> list[Any]:
             found.append(cell.cell_contents)
     found += fn.__defaults__ or ()
     found += (fn.__kwdefaults__ or {}).values()
-    names = _global_names(fn.__code__)
+    names = global_names(fn.__code__)
     found += [fn.__globals__[name] for name in names if name in fn.__globals__]
     return found
 
 
-def _global_names(code: types.CodeType) -> set[str]:
+def global_names(code: types.CodeType) -> set[str]:
     """The names ``code`` and the code of functions defined in it may read as globals."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _global_names(const)
+            names |= global_names(const)
     return names
 
 

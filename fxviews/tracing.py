@@ -142,8 +142,9 @@ class TracingError(FxViewsError):
     transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
     hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
     conjugate"`` (``transform`` called with a tensor whose conjugate or negative bit is set),
-    ``"lazy module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real
-    tracing could run).
+    ``"rebinds Python state"`` (``self.avg = ...`` or a global assigned while ``fn`` runs:
+    Note [Python state a trace rebinds]), ``"lazy module"`` (parameters not created yet) or
+    ``"untraceable"`` (an op neither fake nor real tracing could run).
 
     Example::
 
@@ -169,6 +170,7 @@ EAGER_CAUSES = frozenset(
         "closure over a transformed tensor",
         "autograd",
         "lazy conjugate",
+        "rebinds Python state",
     }
 )
 

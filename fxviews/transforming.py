@@ -116,6 +116,7 @@ from fxviews.passes.torch_internals import (
     temporarily_clear_interpreter_stack,
 )
 from fxviews.printouts import logger, report_rewrite
+from fxviews.python_state import Rebinding
 from fxviews.rebuilding import Rebuilder, output_rebuilder
 from fxviews.recording import reads_values_into_shape
 from fxviews.rewriting import rewrite
@@ -361,6 +362,7 @@ class _GraphCache:
         self.hits = 0
         self.misses = 0
         self.reported: set[str] = set()  # reasons already logged for calls run eagerly
+        self.rebinds = False  # whether a trace of fn rebound Python state (_build_graph_...)
 
     def positional_hit(self, args: tuple[Any, ...]) -> _Entry | None:
         """The first entry of the signature of ``args``, positional tensors only, made the hot
@@ -523,7 +525,7 @@ class _GraphCache:
         try:
             _check_no_lazy_bits(self.fn, leaves)
             _check_no_captured_wrappers(self.fn, reached)
-            entry = self._build_graph(spec, leaves, keepalive, guard)
+            entry = self._build_graph_keeping_state(spec, leaves, keepalive, guard, reached)
         except TracingError as err:
             if self.strict:
                 raise
@@ -539,6 +541,40 @@ class _GraphCache:
             raise _TraceLater(str(err)) from err
         guard.watch(modules)
         return entry
+
+    def _build_graph_keeping_state(
+        self,
+        spec: pytree.TreeSpec,
+        leaves: list[Any],
+        keepalive: tuple[Any, ...],
+        guard: StateGuard,
+        reached: list[Any],
+    ) -> _Entry:
+        """:meth:`_build_graph`, refusing a trace that rebinds Python state ``fn`` reaches, which
+        the graph cannot replay (Note [Python state a trace rebinds]); whatever the trace
+        rebound is put back, so the call runs as eager does. The first refusal of a function
+        traces again at the next call (a lazy ``if self.buf is None: self.buf = ...`` rebinds
+        once); a second one is its nature: it runs eagerly for this signature."""
+        rebinding = Rebinding([*reached, *leaves], reached)
+        try:
+            entry = self._build_graph(spec, leaves, keepalive, guard)
+        except TracingError:
+            rebinding.undo()
+            raise
+        rebound = rebinding.undo()
+        if not rebound:
+            return entry
+        name = function_name(self.fn)
+        message = (
+            f"fxviews.transform cannot trace {name}{definition_line(self.fn)}: it rebinds "
+            f"{', '.join(rebound)} while it runs, which a graph cannot replay (the attribute "
+            f"would keep the trace's value). Write into the tensor in place "
+            f"(self.avg.mul_(0.5).add_(x) for self.avg = self.avg * 0.5 + x) to have it traced."
+        )
+        if self.rebinds:
+            raise TracingError(message, "rebinds Python state")
+        self.rebinds = True
+        raise _TraceLater(message)
 
     def _build_graph(
         self,

@@ -155,7 +155,7 @@ def test_dropout_under_vmap_draws_eager_vmaps_masks(name, batch_dim) -> None:
     (x,) = batch[0]
     for _ in range(2):  # called directly: the same draws and stream as eager's
         torch.testing.assert_close(_drawn(tf, x), _drawn(fn, x), rtol=0, atol=0)
-    grads = [_drawn(torch.func.grad(lambda x: f(x).sum()), x) for f in (tf, fn)]
+    grads = [_drawn(torch.func.grad(lambda x, f=f: f(x).sum()), x) for f in (tf, fn)]
     torch.testing.assert_close(*grads, rtol=0, atol=0)
 
 

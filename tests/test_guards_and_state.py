@@ -758,6 +758,103 @@ def test_lazy_module_traces_after_its_first_call(caplog: pytest.LogCaptureFixtur
     assert tf.cache_info().currsize == 1 and tf.cache_info().eager == 0
 
 
+class RebindingEMA(nn.Module):
+    """An EMA kept by rebinding its buffer (eager replaces it on every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("avg", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.avg = self.avg * 0.5 + x
+        return self.avg * 2
+
+
+class CallCounter(nn.Module):
+    """A Python counter in the computation: each call scales by how many calls came before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * self.calls
+
+
+class LazyState(nn.Module):
+    """A state tensor made on the first call, then written in place: traceable from the
+    second call on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.state is None:
+            self.state = torch.zeros_like(x)
+        return self.state.add_(x).clone()
+
+
+@pytest.mark.parametrize("make", [RebindingEMA, CallCounter], ids=lambda m: m.__name__)
+def test_python_state_rebound_every_call_runs_eagerly(make: Callable[[], nn.Module]) -> None:
+    # The trace would run the assignment once and the graph would keep the trace's value
+    # (Note [Python state a trace rebinds]): such a module runs eagerly, and its outputs and
+    # state after each call are eager's.
+    x = torch.randn(3)
+    run_twice(make(), plain, [call_with(x)] * 4)
+    tf = fxviews.transform(make())
+    for _ in range(3):
+        tf(x)
+    assert tf.cache_info().eager == 1 and tf.cache_info().currsize == 1
+
+
+def test_python_state_made_on_the_first_call_is_traced_from_the_second() -> None:
+    x = torch.randn(3)
+    model, twin = LazyState(), LazyState()
+    tf = fxviews.transform(model)
+    for _ in range(4):
+        torch.testing.assert_close(tf(x), twin(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.state, twin.state, rtol=0, atol=0)
+    assert tf.cache_info().eager == 0 and tf.cache_info().currsize == 1
+
+
+TOTAL = torch.zeros(())
+
+
+def accumulate_globally(x: torch.Tensor) -> torch.Tensor:
+    global TOTAL  # noqa: PLW0603 - the pattern under test
+    TOTAL = TOTAL + x.sum()
+    return x * TOTAL
+
+
+class Carried:
+    """An RNN's carried state on a plain object passed as an argument."""
+
+    def __init__(self) -> None:
+        self.h = torch.zeros(3)
+
+
+def step(carried: Carried, x: torch.Tensor) -> torch.Tensor:
+    carried.h = torch.tanh(carried.h + x)
+    return carried.h * 2
+
+
+def test_rebound_globals_and_argument_attributes_follow_eager(caplog) -> None:
+    global TOTAL  # noqa: PLW0603 - reset between the two runs
+    x = torch.randn(3)
+    runs = []
+    for fn, carried in (
+        (fxviews.transform(accumulate_globally), Carried()),
+        (accumulate_globally, Carried()),
+    ):
+        TOTAL = torch.zeros(())
+        stepper = fxviews.transform(step) if fn is not accumulate_globally else step
+        runs.append([(fn(x), stepper(carried, x), TOTAL, carried.h) for _ in range(3)])
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+    assert "rebinds global TOTAL" in caplog.text and "rebinds Carried.h" in caplog.text
+
+
 def test_lazy_module_under_strict_says_why() -> None:
     tf = fxviews.transform(nn.LazyLinear(3), strict=True)
     with pytest.raises(fxviews.TracingError, match="lazy modules"):
