@@ -12,8 +12,17 @@ its copy?). They share this one analysis:
    Calls the analysis cannot read (not an aten overload) are assumed to alias and write every
    input: they are *opaque*, and so is each result ``getitem`` picks from one (a custom
    autograd.Function kept as one node may return a view of its input).
-2. Alias classes: union-find over the edges (path halving). Two nodes of different classes never
-   share memory.
+2. Alias classes: union-find over the edges (path halving), and one class for the caller's
+   memory: every placeholder and ``get_attr`` (a closed-over tensor the graph holds by
+   reference) joins it. The graph does not own those tensors, and nothing at trace time proves
+   two of them disjoint: ``f(t, t)``, ``f(t, t.view(6))`` or an argument viewing a tensor ``fn``
+   closes over pass the same memory twice, though each was traced as a tensor of its own. So
+   a write to one input is a write to every input, and to every view of one. Memory the graph
+   allocates (clones, factories, results of out-of-place ops) no caller can alias: it keeps
+   classes of its own. Two nodes of different classes never share memory. Every step that
+   moves a read past a write, or asks whether a copy would miss one (the overwritten clones,
+   the reshape step, layout pinning, 0-d index gathers), reads the classes, so none of them
+   takes two inputs to be apart.
 3. Writes: every argument whose schema alias annotation ``is_write`` is a write to its class, at
    that node's position in the graph; a class keeps its writers in graph order.
 4. Origins: following alias edges upwards from a node ends at the nodes that made its memory,
@@ -75,7 +84,11 @@ class AliasAnalysis:
         self.derived: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # source -> its aliases
         writes: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (written node, writer)
         self.outputs: set[torch.fx.Node] = set()
+        caller: torch.fx.Node | None = None  # the first of the caller's memory (step 2)
         for node in graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                caller = caller or node
+                classes.union(node, caller)
             if node.op == "output":
                 self.outputs.update(argument_nodes(node.args))
                 continue

@@ -30,6 +30,14 @@ so one op less is measurable. The rewrite is made only when each of these is pro
 4. ``clone(b)`` copies the value the ``copy_`` copied: ``b`` is defined before the clone
    (nothing is moved; otherwise the clone is kept), and nothing writes ``b``'s memory (its
    alias class, :class:`~.aliasing.AliasAnalysis`) strictly between the clone and the ``copy_``.
+   The rewrite reads ``b`` earlier, before those writes, so "``b``'s memory" must hold all
+   memory ``b`` may share when the graph runs, not only what the trace linked it to. Graph
+   inputs and ``get_attr`` constants are the caller's tensors, traced as separate tensors but
+   free to overlap on any call (``f(t, t)``, ``f(t, t[:])``, an argument viewing a tensor ``fn``
+   closes over): the analysis puts them, and every view of them, in one class, so a write to
+   any of them keeps the clone of any other (Note [Alias analysis], step 2). A ``b`` the graph
+   allocated (a clone, an out-of-place result) no caller can alias: writes to the inputs leave
+   it alone, and its clone is still rewritten.
 5. The layout is the same where anything can tell. ``clone`` without ``memory_format`` (or
    with ``preserve_format``) takes its input's layout: ``b``'s, where it took ``a``'s.
    a. At trace time: ``b``'s strides equal the traced clone's on every dim of size > 1. The
@@ -59,8 +67,8 @@ its clone in the output list, the position export's signature follows.
 Every candidate (a ``copy_`` whose destination is a clone node) gets a record: method
 ``"reclone"`` with the clone's new call, or ``"kept"`` with the first condition that failed.
 Facts are gathered once, on the graph as it came; a rewrite only moves a read of ``b`` earlier
-over a stretch where nothing writes ``b`` (4) and keeps every value, so it makes no other
-candidate's conditions false.
+over a stretch where nothing writes memory ``b`` may share (4) and keeps every value, so it
+makes no other candidate's conditions false.
 
 Cost: one scan for candidates; with any, one numbering of the nodes, then, only when a
 candidate gets that far, one alias analysis (4) and one reverse sweep (5b).
