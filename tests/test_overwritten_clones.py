@@ -8,7 +8,12 @@ each argument's batch dim physically at every position (0, 1, last, staggered):
 - ``grad`` and ``jvp`` around the transformed function (the overwritten input gets no
   gradient, the source all of it);
 - graphs the step must keep, one per condition of Note [Overwritten clones]: the record says
-  which condition failed, the ``copy_`` is still there, and the results still equal eager's.
+  which condition failed, the ``copy_`` is still there, and the results still equal eager's;
+- arguments that share memory (the same tensor twice, a view or slice of it, an argument
+  viewing a tensor the function closes over and writes): a write to one is a write to the
+  source of the ``copy_``, so the step keeps the copy, and the transformed function and the
+  rewritten graph give eager's results and leave the caller's tensors as eager does. Where the
+  source is the graph's own memory, which no argument can alias, the step still applies.
 """
 
 from __future__ import annotations
@@ -311,3 +316,108 @@ def test_exported_program_holds_a_functional_copy_and_stays_right():
     res = fxviews.rewrite(torch.export.export(Overwrite(), (x, y)))
     assert res.clone_records == [] and not _copies(res.graph_module)
     assert_tree_close(res.exported_program.module()(x, y), _overwrite(x, y), msg="export")
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments sharing memory: traced as separate tensors, but one memory when the graph runs.
+# --------------------------------------------------------------------------------------------
+
+
+def _added_then_copied(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    base = a.clone()
+    a.add_(1)  # `b` sees this write where it is `a`'s memory
+    base.copy_(b)
+    return base
+
+
+def _set_then_copied(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    base = a.clone()
+    a[0] = 100.0
+    base[:] = b
+    return base
+
+
+def _out_then_copied(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    base = a.clone()
+    torch.mul(a, 2, out=a)
+    base.copy_(b)
+    return base
+
+
+def _writes_closed_over(buffer: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function writing ``buffer``, which it closes over, then copying its argument."""
+
+    def copy_after_write(a: torch.Tensor) -> torch.Tensor:
+        base = a.clone()
+        buffer.add_(1)  # `a` sees this write where it views `buffer`
+        base.copy_(a)
+        return base
+
+    return copy_after_write
+
+
+#: Ways a caller passes one tensor's memory again, as a second argument.
+SAME_MEMORY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "same_tensor": lambda t: t,
+    "view": lambda t: t.view(6),
+    "slice": lambda t: t[:],
+}
+WRITTEN_THEN_COPIED = {
+    "add_": _added_then_copied,
+    "setitem": _set_then_copied,
+    "out": _out_then_copied,
+}
+
+
+def _graph_of(fn: Callable[..., Any], n_args: int) -> torch.fx.GraphModule:
+    """The rewritten graph of ``fn``, traced on separate tensors, with the copy_ kept."""
+    res = fxviews.rewrite(fxviews.trace(fn, *(torch.arange(6.0) for _ in range(n_args))))
+    (record,) = res.clone_records
+    assert record.method == "kept" and "between clone and" in record.reason, record
+    return res.graph_module
+
+
+def _assert_like_eager(runners: dict[str, Callable[..., Any]], call: Any, memory: Any) -> None:
+    """Each runner, given fresh memory by ``memory()`` and called by ``call``, returns eager's
+    result and leaves the caller's tensors as eager leaves them."""
+    expected_memory = memory()
+    expected = call(runners.pop("eager"), expected_memory)
+    for name, runner in runners.items():
+        actual_memory = memory()
+        actual = call(runner, actual_memory)
+        assert_tree_close((actual, actual_memory), (expected, expected_memory), msg=name)
+
+
+@pytest.mark.parametrize("alias", list(SAME_MEMORY))
+@pytest.mark.parametrize("write", list(WRITTEN_THEN_COPIED))
+def test_arguments_sharing_memory_copy_the_written_values(write, alias):
+    fn = WRITTEN_THEN_COPIED[write]
+    runners = {"eager": fn, "transform": fxviews.transform(fn), "rewrite": _graph_of(fn, 2)}
+    _assert_like_eager(runners, lambda f, t: f(t, SAME_MEMORY[alias](t)), lambda: torch.arange(6.0))
+
+
+def test_argument_viewing_a_written_closed_over_tensor_copies_the_written_values():
+    buffer = torch.zeros(6)
+    fn = _writes_closed_over(buffer)
+    runners = {"eager": fn, "transform": fxviews.transform(fn), "rewrite": _graph_of(fn, 1)}
+
+    def fresh_buffer() -> torch.Tensor:
+        return buffer.copy_(torch.arange(6.0))
+
+    _assert_like_eager(runners, lambda f, t: f(t[:]), fresh_buffer)
+
+
+def _input_written_owned_source(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    source = b * 2  # the graph's own memory: no argument can alias it
+    base = a.clone()
+    a.add_(1)
+    base.copy_(source)
+    return base
+
+
+def test_source_the_graph_owns_is_recloned_over_a_write_to_an_argument():
+    res = fxviews.rewrite(fxviews.trace(_input_written_owned_source, torch.ones(6), torch.ones(6)))
+    assert [(r.method, r.after) for r in res.clone_records] == [("reclone", "clone(mul)")]
+    fn = _input_written_owned_source
+    runners = {"eager": fn, "transform": fxviews.transform(fn), "rewrite": res.graph_module}
+    _assert_like_eager(runners, lambda f, t: f(t, t), lambda: torch.arange(6.0))
