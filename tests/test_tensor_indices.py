@@ -188,3 +188,22 @@ def test_a_gather_whose_copy_eager_would_see_through_runs_eagerly(fn, graph, cap
         assert "`x[i] = x[i] + v`" in warnings[0]
         with pytest.raises(fxviews.TracingError, match="indexes with a 0-d integer tensor"):
             fxviews.trace(fn, *samples[0])  # in fake mode too
+
+
+def read_then_scale_another_argument(x, y, a):
+    row = x[a]
+    y.mul_(2)  # `x`'s memory too, where the caller passes it again as `y`
+    return row + 1
+
+
+@pytest.mark.parametrize("second", [lambda t: t, lambda t: t[:]], ids=["same_tensor", "slice"])
+def test_a_gather_another_argument_may_write_through_runs_eagerly(second) -> None:
+    # Traced as separate tensors, two arguments may still be one memory on a call: eager's
+    # view shows the write through `y`, the gather's copy would not (Note [Alias analysis]).
+    tf = fxviews.transform(read_then_scale_another_argument)
+    expected_x, actual_x = randn(4), randn(4)
+    actual_x.copy_(expected_x)
+    expected = read_then_scale_another_argument(expected_x, second(expected_x), torch.tensor(1))
+    actual = tf(actual_x, second(actual_x), torch.tensor(1))
+    assert_tree_close((actual, actual_x), (expected, expected_x))
+    assert tf.cache_info().eager == 1
