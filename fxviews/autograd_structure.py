@@ -31,8 +31,9 @@ or how. :class:`AutogradWatch` runs inside every trace and keeps or refuses each
    with plain non-tensor arguments (numbers, strings, dtypes: an object or a callable could
    hold this call's tensors) and tensor (or None) results.
 3. **The autograd API that dispatches no op** is seen at the torch-function level, before it
-   runs: ``requires_grad_`` (and the ``requires_grad`` setter) and ``detach_`` become nodes
-   doing the same to the graph's tensor when it runs; ``torch.autograd.grad`` runs, its
+   runs: ``requires_grad_`` (and the ``requires_grad`` setter), a factory's
+   ``requires_grad=True`` (set after its op, as ``requires_grad_`` would) and ``detach_``
+   become nodes doing the same to the graph's tensor when it runs; ``torch.autograd.grad`` runs, its
    backward recorded as ops in the grad mode ``create_graph`` gives them, where every
    ``outputs`` and ``inputs`` tensor requires grad in the trace (the trace's own arguments never
    do, so a gradient with respect to an argument is refused rather than baked for the caller's
@@ -41,6 +42,11 @@ or how. :class:`AutogradWatch` runs inside every trace and keeps or refuses each
    call), ``backward()`` (it accumulates into ``.grad``) and the ``grad`` and ``data`` setters
    are refused. Inside ``fn``'s own ``torch.func`` transforms these are the transform's own
    machinery (``grad`` calls ``requires_grad_`` and ``autograd.grad``): its ops are recorded.
+   Reads a graph would bake in stale are refused too: ``.grad`` of a tensor the trace did not
+   make (autograd replaces it between calls; of one it made, it is None in eager and in the
+   graph), and an argument's ``is_leaf``, ``grad_fn``, ``retains_grad`` (where it requires
+   grad), ``is_inference()``, ``_is_view()`` and ``_base``, which the trace's fresh argument
+   could answer otherwise than the call's.
 4. **The rest is detected by its effect, not its name**, and refused: at every op, a
    forward-grad mode, inference mode or saved-tensor hooks other than the call's (a Function's
    ``forward`` runs with forward grad off, so one whose ``apply`` this module did not see is
@@ -208,6 +214,9 @@ def requiring_grad_like(fresh: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     ``fresh``'s exact sizes, strides and storage offset over a copy of its whole storage: a
     clone would make a sliced sample dense at offset 0, and the trace would read a direct
     call's ``as_strided`` against another layout than the call's (Note [The layout of a call]).
+    Where ``value`` is an ``nn.Parameter``, ``isinstance(sample, nn.Parameter)`` is True, as
+    ``_ParameterMeta`` answers for a tensor marked ``_is_param`` (the class stays a plain
+    tensor's); being one is part of the signature.
 
     Example::
 
@@ -216,6 +225,13 @@ def requiring_grad_like(fresh: torch.Tensor, value: torch.Tensor) -> torch.Tenso
         >>> y.is_leaf, y._is_view(), y.stride(), y.storage_offset()
         (False, False, (6, 1), 8)
     """
+    sample = _requiring_grad(fresh, value)
+    if type(value) is torch.nn.Parameter:
+        sample._is_param = True  # type: ignore[attr-defined]
+    return sample
+
+
+def _requiring_grad(fresh: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     if not value.requires_grad or not (fresh.is_floating_point() or fresh.is_complex()):
         return fresh
     elements = fresh.untyped_storage().nbytes() // fresh.element_size()
@@ -259,6 +275,7 @@ class AutogradWatch:
         self.saved_detached: set[int] = set()
         self.kept_results: set[int] = set()  # ids of kept Functions' results (kept in made)
         self.refusal: NotKept | None = None
+        self.arguments: set[int] = set()  # ids of the tensors fn is called with (kept alive)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -267,6 +284,7 @@ class AutogradWatch:
         ``call`` caught."""
         if isinstance(self.writer, _MakeFxWriter):
             self.writer.bind(get_proxy_mode())
+        self.arguments = {id(t) for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)}
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_keeping_functions(self))
@@ -393,6 +411,10 @@ class AutogradWatch:
                         f"a custom autograd.Function ({type(grad_fn).__name__})",
                         "a result of it was made by an apply fxviews did not see",
                     )
+
+    def made_by_trace(self, tensor: torch.Tensor) -> bool:
+        """Whether an op (or a kept Function) of this trace made ``tensor``."""
+        return any(made is tensor for made in self.made)
 
     def note(self, what: str) -> None:
         """Say that ``what`` was kept, at the user's current line."""
@@ -592,6 +614,41 @@ def _detach(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
         return func(*args, **kwargs)
 
 
+def _made_requiring_grad(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
+    """A factory given ``requires_grad=True`` (``torch.zeros``, ``torch.tensor``,
+    ``x.new_ones``): PyTorch sets it on the result after the op, as ``requires_grad_`` would,
+    so it is kept as that is: the graph's result is the leaf requiring grad eager's is."""
+    out = func(*args, **kwargs)
+    if isinstance(out, torch.Tensor) and out.requires_grad and out.is_leaf:
+        watch.keep_tensor_call(set_requires_grad, out, True)
+    return out
+
+
+def _grad_read(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
+    # Of a tensor the trace made, .grad is None in eager and when the graph runs (backward,
+    # retain_grad and the setter are refused); of any other, it is autograd's state between
+    # calls (zero_grad sets it to None, backward makes a new one), which a graph would bake in.
+    if not watch.made_by_trace(args[0]):
+        watch.refuse("reading Tensor.grad of a tensor fn did not make", _GRAD_READ)
+    return func(*args, **kwargs)
+
+
+def _argument_read(name: str, history: bool) -> Callable[..., Any]:
+    """The handler of a read of ``name`` that refuses it on one of ``fn``'s arguments where the
+    trace's could answer otherwise than the call's: for autograd ``history`` (``is_leaf``,
+    ``grad_fn``, ``retains_grad``) where it requires grad (the trace's is then a non-leaf copy;
+    one that does not is a leaf in both); for the others (``is_inference()``, ``_is_view()``,
+    ``_base``) always, as the signature does not hold them."""
+
+    def read(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
+        tensor = args[0]
+        if id(tensor) in watch.arguments and (tensor.requires_grad or not history):
+            watch.refuse(f"reading Tensor.{name} of an argument", _ARGUMENT_READ)
+        return func(*args, **kwargs)
+
+    return read
+
+
 def _refused(construct: str, why: str) -> Callable[..., Any]:
     def refuse(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
         watch.refuse(construct, why)
@@ -604,8 +661,21 @@ def _setter(name: str) -> Any:
     return getattr(torch.Tensor, name).__set__
 
 
+def _getter(name: str) -> Any:
+    """What a torch function mode sees for a read of the tensor attribute ``name``."""
+    return getattr(torch.Tensor, name).__get__
+
+
 _HOOK = "hooks are Python functions of one call, which a graph cannot keep"
 _BACKWARD = "it accumulates gradients into .grad, which a graph cannot keep"
+_GRAD_READ = (
+    "autograd replaces .grad between calls (zero_grad sets it to None, backward makes a new "
+    "one), where a graph would keep reading this call's"
+)
+_ARGUMENT_READ = (
+    "the trace runs fn on a fresh tensor in its place, whose answer the call's may not share "
+    "(only requires_grad is part of the signature)"
+)
 
 #: Step 3's handlers, by the function a torch function mode sees.
 _HANDLERS: dict[Any, Callable[..., Any]] = {
@@ -623,6 +693,13 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     ),
     torch.Tensor.retain_grad: _refused("Tensor.retain_grad", _HOOK),
     _setter("grad"): _refused("setting Tensor.grad", "a graph cannot keep an assignment to .grad"),
+    _getter("grad"): _grad_read,
+    _getter("is_leaf"): _argument_read("is_leaf", history=True),
+    _getter("grad_fn"): _argument_read("grad_fn", history=True),
+    _getter("retains_grad"): _argument_read("retains_grad", history=True),
+    torch.Tensor.is_inference: _argument_read("is_inference()", history=False),
+    torch.Tensor._is_view: _argument_read("_is_view()", history=False),
+    _getter("_base"): _argument_read("_base", history=False),
     _setter("data"): _refused(
         "setting Tensor.data", "it swaps a tensor's memory behind autograd, out of any graph"
     ),
@@ -637,10 +714,13 @@ class _AutogradCalls(TorchFunctionMode):
         self.watch = watch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
         handler = _HANDLERS.get(func)
         if handler is None:
-            return func(*args, **(kwargs or {}))
-        return handler(self.watch, func, args, kwargs or {})
+            if not kwargs.get("requires_grad"):
+                return func(*args, **kwargs)
+            handler = _made_requiring_grad
+        return handler(self.watch, func, args, kwargs)
 
 
 class _ModuleHooks:

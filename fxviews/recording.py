@@ -15,7 +15,11 @@ first *records*:
    arguments are the nodes that produced them, found by tensor identity; a tensor the trace
    did not produce and whose storage it does not know is a constant (a closed-over parameter)
    held by the graph module by reference, as make_fx holds it. In-place ops return their
-   argument, which then stands for the in-place node, as in make_fx. What autograd does above
+   argument, which then stands for the in-place node, as in make_fx. ``torch.tensor(data)``
+   reaches a mode as ``lift_fresh`` of a new tensor of ``data``, returned as it is: it runs as
+   ``lift_fresh_copy``, as make_fx records it, so the constant keeps ``data`` and each call
+   gets a new tensor (not the constant, which ``fn`` would change in place or make require
+   grad for every later call). What autograd does above
    the dispatcher is kept or refused by the watch the recording runs under (Note [What autograd
    sees is part of the trace]): a call it keeps as one node runs :meth:`OpRecorder.unrecorded`.
 2. **Exact layouts for free.** Real results carry their true sizes, strides and storage
@@ -252,6 +256,9 @@ def below_torch_functions(handler: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
 class OpRecorder(TorchDispatchMode):
     """A dispatch mode that runs every op for real and records it as a graph node."""
 
@@ -273,6 +280,8 @@ class OpRecorder(TorchDispatchMode):
     @below_torch_functions
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func is _LIFT_FRESH:  # torch.tensor(data): Note [Recording a real trace], step 1
+            func = torch.ops.aten.lift_fresh_copy.default
         if func is efficient_zero_tensor:
             raise NotRecordable("forward AD made a zero tangent")
         if reads_values_into_shape(func, args):

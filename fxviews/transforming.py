@@ -721,7 +721,8 @@ def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # torch.Size hashes and compares as the tuple of its sizes. requires_grad: the trace's
     # tensors require grad where the call's do (Note [What autograd sees is part of the trace]).
     # The layout: Note [The layout of a call]. The lazy conjugate and negative bits: such a
-    # call runs eagerly (_check_no_lazy_bits), a plain one of the same values does not.
+    # call runs eagerly (_check_no_lazy_bits), a plain one of the same values does not. A
+    # Parameter's sample is one to isinstance (requiring_grad_like).
     return (
         tensor.shape,
         tensor.dtype,
@@ -729,6 +730,7 @@ def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
         tensor.requires_grad,
         layout_key(tensor),
         tensor.is_conj() or tensor.is_neg(),
+        type(tensor) is torch.nn.Parameter,
     )
 
 

@@ -563,3 +563,144 @@ def test_functionalize_keeps_regions_and_refuses_what_it_transforms(name: str, k
         got = ROUTES["backward"](traced, transformed, samples)
         assert_tree_close(got, ROUTES["backward"](eager, eager.fn, samples))
     assert transformed.cache_info()[1:] == (1, 32, 1, 0 if kept else 1)
+
+
+# --- reads of autograd state, and leaves made inside fn ----------------------------------------
+
+
+def _training_steps(
+    step: Callable[[torch.nn.Module], None], wrap: Callable[[Callable[[], None]], Any]
+) -> tuple[list[torch.Tensor], Any]:
+    """Parameters and their ``.grad`` over three steps of a model trained by ``wrap``-ed
+    ``step`` (which reads the parameters' ``.grad``), with ``zero_grad()`` between them
+    (set_to_none: each backward makes new ``.grad`` tensors); and the wrapped step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    run = wrap(lambda: step(model))
+    seen = []
+    for call in range(3):
+        model.zero_grad()
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(call))
+        model(x).pow(2).sum().backward()
+        run()
+        seen += [t.detach().clone() for p in model.parameters() for t in (p, p.grad)]
+    return seen, run
+
+
+def _clipped_sgd(model: torch.nn.Module) -> None:
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(0.1 * p.grad)
+
+
+def test_reading_grad_of_a_closed_over_parameter_runs_eagerly() -> None:
+    got, transformed = _training_steps(_clipped_sgd, fxviews.transform)
+    assert_tree_close(got, _training_steps(_clipped_sgd, lambda f: f)[0])
+    assert transformed.cache_info().eager == 1  # its reason warned once, never traced again
+
+
+def _sgd_step(p: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        if p.grad is not None:
+            p.sub_(0.1 * p.grad)
+    return p * 2
+
+
+@pytest.mark.parametrize(
+    ("read", "make"),
+    [
+        (lambda x: x.is_leaf, lambda: torch.ones(3, requires_grad=True)),
+        (lambda x: x.grad_fn is None, lambda: torch.ones(3, requires_grad=True)),
+        (lambda x: x.retains_grad, lambda: _retaining(torch.ones(3, requires_grad=True) * 1)),
+        (lambda x: x.grad is not None, lambda: _with_grad(torch.ones(3, requires_grad=True))),
+        (lambda x: x.is_inference(), lambda: _inference(torch.ones(3))),
+        (lambda x: x._is_view(), lambda: torch.ones(5)[1:4]),
+        (lambda x: x._base is None, lambda: torch.ones(5)[1:4]),
+        (lambda x: isinstance(x, torch.nn.Parameter), lambda: torch.nn.Parameter(torch.ones(3))),
+    ],
+)
+def test_a_branch_on_an_arguments_autograd_state_takes_the_calls_side(
+    read: Callable[[torch.Tensor], bool], make: Callable[[], torch.Tensor]
+) -> None:
+    def branchy(x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if read(x) else 3.0)
+
+    transformed = fxviews.transform(branchy)
+    for _ in range(3):
+        x = make()
+        assert_tree_close(transformed(x), branchy(x))
+
+
+def _retaining(x: torch.Tensor) -> torch.Tensor:
+    x.retain_grad()
+    return x
+
+
+def _with_grad(x: torch.Tensor) -> torch.Tensor:
+    x.grad = torch.full_like(x, 5.0)
+    return x
+
+
+def _inference(x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return x.clone()
+
+
+def test_an_sgd_step_on_an_argument_updates_it_as_eager_does() -> None:
+    params = [torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0])) for _ in range(2)]
+    seen: list[list[Any]] = [[], []]
+    for fn, p, got in zip((_sgd_step, fxviews.transform(_sgd_step)), params, seen, strict=True):
+        for _ in range(3):
+            (p * p).sum().backward()
+            got += [fn(p), p.grad]
+            p.grad = None
+        got.append(p.detach().clone())
+    assert_tree_close(seen[1], seen[0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: torch.zeros(3, dtype=x.dtype, requires_grad=True),
+        lambda x: torch.zeros_like(x, requires_grad=True),
+        lambda x: torch.full((3,), 2.0, dtype=x.dtype, requires_grad=True),
+        lambda x: x.new_ones(3, requires_grad=True),
+        lambda x: torch.arange(3.0, dtype=x.dtype, requires_grad=True),
+        lambda x: torch.tensor([1.0, 2.0, 3.0], dtype=x.dtype, requires_grad=True),
+    ],
+)
+def test_a_leaf_made_requiring_grad_inside_fn_is_one_as_in_eager(
+    make: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    weight = [torch.randn(3, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    weight[1].data.copy_(weight[0].detach())
+
+    def calls(w: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+        def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            leaf = make(x)
+            return ((x + leaf) @ w).pow(2).sum(), leaf
+
+        return fn
+
+    seen: list[list[Any]] = [[], []]
+    for fn, w, got in zip((calls(weight[0]), fxviews.transform(calls(weight[1]))), weight, seen,
+                          strict=True):  # fmt: skip
+        for call in range(3):
+            w.grad = None
+            x = torch.randn(3, dtype=torch.float64, generator=torch.Generator().manual_seed(call),
+                            requires_grad=True)  # fmt: skip
+            loss, leaf = fn(x)
+            loss.backward()
+            got += [loss.detach(), leaf.is_leaf, leaf.requires_grad, leaf.grad, x.grad, w.grad]
+    assert_tree_close(seen[1], seen[0])
+
+
+def test_a_tensor_made_from_data_inside_fn_is_new_at_each_call() -> None:
+    def accumulate(x: torch.Tensor) -> torch.Tensor:
+        total = torch.tensor([1.0, 2.0, 3.0])
+        return total.add_(x) * 2
+
+    transformed = fxviews.transform(accumulate)
+    for _ in range(3):
+        assert_tree_close(transformed(torch.ones(3)), accumulate(torch.ones(3)))

@@ -609,12 +609,17 @@ def test_lru_counts_every_hit_of_both_key_kinds():
     assert tf.cache_info() == (4, 5, 2, 2, 0)
 
 
+class _Marked(torch.Tensor):
+    """A tensor subclass with nothing of its own, as a user's marker class is."""
+
+
 def test_hot_call_serves_only_tensors_of_its_signature():
     """The hot call (the entry the last positional call ran, checked in C++) hands a call to
     the keyed lookup whenever its tensors differ in anything the key holds (strides: Note [The
-    layout of a call]; requires_grad: the trace's tensors require grad where the call's do),
-    and still serves tensors that differ only in what the key leaves out (subclass). Each call
-    is compared with eager, and each trace with the signatures seen so far."""
+    layout of a call]; requires_grad: the trace's tensors require grad where the call's do;
+    being an nn.Parameter, which isinstance sees), and still serves tensors that differ only in
+    what the key leaves out (another subclass). Each call is compared with eager, and each
+    trace with the signatures seen so far."""
     traced = []
 
     def scaled(x, y):
@@ -633,7 +638,8 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         (x, torch.randn(1)),  # the second tensor's rank
         (x.t().contiguous().t(), y),  # strides only: a layout of its own
         (x.clone().requires_grad_(), y),  # requires_grad
-        (torch.nn.Parameter(x.clone()), y),  # a subclass of the signature just traced
+        (torch.nn.Parameter(x.clone()), y),  # a Parameter: a signature of its own
+        (torch.Tensor._make_subclass(_Marked, x.clone(), True), y),  # a subclass of the last
         (x, y),
     ]
     for args in calls:
@@ -651,6 +657,7 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         ((2, 3), torch.float32, "cpu", 1, (3, 1)),
         ((2, 3), torch.float32, "cpu", 2, (1, 2)),  # traced on the call's own layout
         ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # requiring grad
+        ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # a Parameter
     ]
     assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
     leaf = x.clone().requires_grad_()
