@@ -37,7 +37,7 @@ import contextlib
 import functools
 import operator
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ __all__ = [
     "ModuleCalls",
     "StateGuard",
     "global_names",
+    "reachable_generators",
     "reachable_objects",
     "same_kind_check",
     "uninitialized_lazy_modules",
@@ -208,6 +209,28 @@ def reachable_objects(fn: Callable[..., Any]) -> Iterator[Any]:
             # PyTorch's and fxviews' own functions reach no module of the user's but through
             # their arguments: their globals would only lead through torch.
             pending += _function_references(obj)
+
+
+def reachable_generators(reached: Iterable[Any]) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects among ``reached`` (what :func:`reachable_objects` found)
+    and among the attributes of the modules there and their submodules (a module drawing from
+    a generator of its own), each once: those a traced function may draw from besides the
+    default ones and its arguments'.
+
+    Example::
+
+        >>> g = torch.Generator()
+        >>> reachable_generators(reachable_objects(lambda x: x + torch.rand(3, generator=g)))
+        [<torch._C.Generator object at ...>]
+    """
+    found: dict[int, torch.Generator] = {}
+    for obj in reached:
+        modules = obj.modules() if isinstance(obj, torch.nn.Module) else ()
+        attributes = [value for module in modules for value in vars(module).values()]
+        for candidate in (obj, *attributes):
+            if isinstance(candidate, torch.Generator):
+                found.setdefault(id(candidate), candidate)
+    return list(found.values())
 
 
 def _function_references(fn: types.FunctionType) -> list[Any]:

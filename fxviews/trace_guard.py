@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 
 from fxviews.passes.aliasing import written_slots
 from fxviews.passes.as_strided_calls import refuse_negative_request
+from fxviews.passes.random_state import RandomDraws
 from fxviews.passes.source_lines import NOTED_OPS, note_user_frames
 from fxviews.passes.torch_internals import (
     FakeTensor,
@@ -74,7 +76,7 @@ def traced_under_guard(
     def guarded(*inputs: Any) -> Any:
         # A 0-d tensor index is the gather eager vmap runs (Note [A 0-d integer tensor as an
         # index]), checked once the graph is whole.
-        with guard, TensorIndexGathers():
+        with guard, TensorIndexGathers(), guard.random_draws():
             return call(*inputs)
 
     try:
@@ -106,7 +108,9 @@ class TraceGuard(TorchDispatchMode):
     keep that number while eager reads the tensor afresh each call).
 
     ``dense_zero_tangents`` (fake mode) makes forward AD's zero tangents ordinary zeros, see
-    Note [Zero tangents in fake mode].
+    Note [Zero tangents in fake mode]. Given ``generators`` (those ``fn`` may draw from besides
+    the default ones), the guard refuses random state a graph would not replay: set from
+    Python, or drawn from a generator ``fn`` makes (Note [Random state set from Python]).
     """
 
     def __init__(
@@ -116,8 +120,10 @@ class TraceGuard(TorchDispatchMode):
         refuse_data_dependent: bool = False,
         refuse_constant_reads: bool = False,
         dense_zero_tangents: bool = False,
+        generators: Sequence[torch.Generator] | None = None,
     ) -> None:
         super().__init__()
+        self._draws = None if generators is None else RandomDraws(generators, inputs)
         self._refuse_data_dependent = refuse_data_dependent
         self._refuse_constant_reads = refuse_constant_reads
         self._dense_zero_tangents = dense_zero_tangents
@@ -143,11 +149,19 @@ class TraceGuard(TorchDispatchMode):
             func = torch.ops.aten.zeros.default  # the same schema: size, dtype, layout, device
         for written in _tensors_it_may_write(func, args, kwargs):
             self._snapshot_if_foreign(written)
+        draws = self._draws
+        drawn_from = draws.before(func, args, kwargs) if draws is not None else None
         out = func(*args, **kwargs)
+        if draws is not None:
+            draws.after(drawn_from)
         self._own(out)
         if func in NOTED_OPS and isinstance(out, torch.Tensor):
             _note_source_line(out)
         return out
+
+    def random_draws(self) -> contextlib.AbstractContextManager[Any]:
+        """The watch of the random state over ``fn``'s run (nothing without ``generators``)."""
+        return self._draws or contextlib.nullcontext()
 
     def _own(self, values: Any) -> None:
         for tensor in _tensor_arguments([values]):

@@ -59,12 +59,13 @@ from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_li
 from fxviews.call_layouts import fake_sample, real_sample, sample_bytes
 from fxviews.failure_messages import Failure, describe, instruction_at, user_line
 from fxviews.graph_rewriting import TRACED_WITH
+from fxviews.guards import reachable_generators, reachable_objects
 from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
 from fxviews.passes import FxViewsError
 from fxviews.passes import torch_internals as internals
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.layout_truth import REAL_LAYOUTS
-from fxviews.passes.random_state import forked_rng
+from fxviews.passes.random_state import RandomStateFromPython, forked_rng, generators_among
 from fxviews.passes.source_lines import internal_frame
 from fxviews.passes.torch_internals import (
     DataDependentOutputException,
@@ -143,8 +144,10 @@ class TracingError(FxViewsError):
     hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
     conjugate"`` (``transform`` called with a tensor whose conjugate or negative bit is set),
     ``"rebinds Python state"`` (``self.avg = ...`` or a global assigned while ``fn`` runs:
-    Note [Python state a trace rebinds]), ``"lazy module"`` (parameters not created yet) or
-    ``"untraceable"`` (an op neither fake nor real tracing could run).
+    Note [Python state a trace rebinds]), ``"random state"`` (random state set from Python, or
+    a generator made by ``fn``: Note [Random state set from Python]), ``"lazy module"``
+    (parameters not created yet) or ``"untraceable"`` (an op neither fake nor real tracing
+    could run).
 
     Example::
 
@@ -171,6 +174,7 @@ EAGER_CAUSES = frozenset(
         "autograd",
         "lazy conjugate",
         "rebinds Python state",
+        "random state",
     }
 )
 
@@ -241,8 +245,16 @@ def trace(
         raise TypeError(f"fxviews.trace expects a callable, got {type(fn).__name__}")
     check_flags("fxviews.trace", view_replay=view_replay, functionalize=functionalize)
     traced = torch.func.functionalize(fn) if functionalize else fn
+    generators = reachable_generators(reachable_objects(fn))
     with _view_replay(view_replay):
-        return capture(traced, args, fresh=False, caller="fxviews.trace", name=function_name(fn))
+        return capture(
+            traced,
+            args,
+            fresh=False,
+            caller="fxviews.trace",
+            name=function_name(fn),
+            generators=generators,
+        )
 
 
 def capture(
@@ -252,6 +264,7 @@ def capture(
     fresh: bool,
     caller: str,
     name: str,
+    generators: Sequence[torch.Generator] = (),
 ) -> torch.fx.GraphModule:
     """make_fx ``fn(*args)``: fake mode, else real mode where fake mode falls short (see Note).
 
@@ -260,19 +273,25 @@ def capture(
     where vmap batches them and of their own layout otherwise (Note [The layout of a call];
     ``args`` may then be wrapped by enclosing transforms; only their metadata, and their
     values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
-    messages. Holds :data:`tracing_lock`; call it outside active transforms and modes.
+    messages. ``generators`` are those ``fn`` reaches besides its arguments' (Note [Which
+    generators to fork]): every generator is left as it was, and random state a graph cannot
+    replay is refused (Note [Random state set from Python]). Holds :data:`tracing_lock`; call
+    it outside active transforms and modes.
     """
     call = deciding_at_run_time(_positional(fn, len(args)))
+    generators = generators_among([list(args), list(generators)])
     memory_read = None  # the recording's error where it saw fn read tensor memory from Python
-    with tracing_lock, _capturing():
+    with tracing_lock, _capturing(), forked_rng([list(args), generators]):
         if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
-                gm = drop_decompositions(_record_on_a_sample(call, args))
+                gm = drop_decompositions(_record_on_a_sample(call, args, generators))
                 gm.meta[TRACED_WITH] = RECORDED
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
             except NotKept as err:  # the same in fake mode: no graph keeps it
                 raise _autograd_not_kept(err, caller, name) from err
+            except RandomStateFromPython as err:  # the same in fake mode
+                raise _random_state_from_python(err, caller, name) from err
             except Exception as err:  # noqa: BLE001 - fake mode decides, and reports what fails
                 raise_if_device_failed(err, devices_of(list(args)), f"recording {name}")
                 if raised_by_user_code(err):
@@ -290,7 +309,12 @@ def capture(
             ):
                 # A graph transform caches must not bake in a closed-over tensor's value;
                 # trace and explain give the graph of this call, values included, as make_fx.
-                guard = TraceGuard(fake_args, dense_zero_tangents=True, refuse_constant_reads=fresh)
+                guard = TraceGuard(
+                    fake_args,
+                    dense_zero_tangents=True,
+                    refuse_constant_reads=fresh,
+                    generators=generators,
+                )
                 autograd = AutogradWatch()  # Note [What autograd sees is part of the trace]
                 gm = traced_under_guard(
                     lambda f: _make_fx(f, "fake")(*fake_args), autograd.wrap(call), guard
@@ -316,7 +340,7 @@ def capture(
                 "untraceable",
             ) from fake_error
         gm = drop_decompositions(
-            _capture_real(call, args, fake_args, mode, fresh, fake_error, caller, name)
+            _capture_real(call, args, fake_args, mode, fresh, generators, fake_error, caller, name)
         )
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
@@ -354,13 +378,15 @@ def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
     return size <= RECORDING_LIMIT_BYTES
 
 
-def _record_on_a_sample(call: Callable[..., Any], args: Sequence[Any]) -> torch.fx.GraphModule:
+def _record_on_a_sample(
+    call: Callable[..., Any], args: Sequence[Any], generators: Sequence[torch.Generator]
+) -> torch.fx.GraphModule:
     """Step 0 of the Note: record ``call`` on one sample's real values (Note [Recording a real
-    trace]); random state and closed-over tensors are left as they were."""
+    trace]); closed-over tensors are left as they were (the caller forks the random state)."""
     real_args = _real_examples(args, fresh=True)
-    guard = TraceGuard(real_args, dense_zero_tangents=True)
+    guard = TraceGuard(real_args, dense_zero_tangents=True, generators=generators)
     values = exact_fake_mode(allow_non_fake_inputs=True)
-    with preserved_torch_state(), forked_rng(list(args)):
+    with preserved_torch_state():
         return traced_under_guard(lambda f: record(f, real_args, values), call, guard)
 
 
@@ -515,6 +541,8 @@ def _raise_if_untraceable_by_nature(err: Exception, caller: str, name: str) -> N
     terms of the user's code (Note [Messages in the user's terms])."""
     if isinstance(err, NotKept):
         raise _autograd_not_kept(err, caller, name) from err
+    if isinstance(err, RandomStateFromPython):
+        raise _random_state_from_python(err, caller, name) from err
     if isinstance(err, FxViewsError) or raised_by_user_code(err):
         raise err
     found = _failure_of(err)
@@ -551,6 +579,10 @@ def _autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
         f"other gradients than autograd does (Note [What autograd sees is part of the trace]).",
         "autograd",
     )
+
+
+def _random_state_from_python(err: RandomStateFromPython, caller: str, name: str) -> TracingError:
+    return TracingError(f"{caller} could not trace {name}: {err}.", "random state")
 
 
 class _MetaDeviceLeak(RuntimeError):
@@ -609,15 +641,17 @@ def _capture_real(
     fake_args: list[Any],
     mode: FakeTensorMode,
     fresh: bool,
+    generators: Sequence[torch.Generator],
     fake_error: Exception,
     caller: str,
     name: str,
 ) -> torch.fx.GraphModule:
-    """make_fx in real mode on real copies of ``args``; exact layouts recomputed afterwards."""
+    """make_fx in real mode on real copies of ``args``; exact layouts recomputed afterwards
+    (the caller forks the random state)."""
     real_args = _real_examples(args, fresh)
-    guard = TraceGuard(real_args, refuse_data_dependent=True)
+    guard = TraceGuard(real_args, refuse_data_dependent=True, generators=generators)
     try:
-        with preserved_torch_state(), forked_rng(list(args)):
+        with preserved_torch_state():
             autograd = AutogradWatch()
             gm = traced_under_guard(
                 lambda f: _make_fx(f, "real")(*real_args), autograd.wrap(call), guard
@@ -625,6 +659,8 @@ def _capture_real(
             autograd.finish(gm)
     except NotKept as err:
         raise _autograd_not_kept(err, caller, name) from err
+    except RandomStateFromPython as err:
+        raise _random_state_from_python(err, caller, name) from err
     except DataDependentOp as err:
         message = describe(Failure.VALUE_SHAPED_OUTPUT, caller, name, err, op=err.func)
         raise TracingError(message, "data-dependent shape") from err

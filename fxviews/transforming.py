@@ -104,10 +104,12 @@ from fxviews.graph_rewriting import RewriteResult, rewrite_in_place
 from fxviews.guards import (
     ModuleCalls,
     StateGuard,
+    reachable_generators,
     reachable_objects,
     read_training,
     uninitialized_lazy_modules,
 )
+from fxviews.passes.random_state import generators_among
 from fxviews.passes.torch_internals import (
     disable_current_modes,
     is_functorch_wrapped_tensor,
@@ -525,7 +527,10 @@ class _GraphCache:
         try:
             _check_no_lazy_bits(self.fn, leaves)
             _check_no_captured_wrappers(self.fn, reached)
-            entry = self._build_graph_keeping_state(spec, leaves, keepalive, guard, reached)
+            generators = generators_among([leaves, reachable_generators(reached)])
+            entry = self._build_graph_keeping_state(
+                spec, leaves, keepalive, guard, reached, generators
+            )
         except TracingError as err:
             if self.strict:
                 raise
@@ -549,6 +554,7 @@ class _GraphCache:
         keepalive: tuple[Any, ...],
         guard: StateGuard,
         reached: list[Any],
+        generators: list[torch.Generator],
     ) -> _Entry:
         """:meth:`_build_graph`, refusing a trace that rebinds Python state ``fn`` reaches, which
         the graph cannot replay (Note [Python state a trace rebinds]); whatever the trace
@@ -557,7 +563,7 @@ class _GraphCache:
         once); a second one is its nature: it runs eagerly for this signature."""
         rebinding = Rebinding([*reached, *leaves], reached)
         try:
-            entry = self._build_graph(spec, leaves, keepalive, guard)
+            entry = self._build_graph(spec, leaves, keepalive, guard, generators)
         except TracingError:
             rebinding.undo()
             raise
@@ -582,7 +588,10 @@ class _GraphCache:
         leaves: list[Any],
         keepalive: tuple[Any, ...],
         guard: StateGuard,
+        generators: list[torch.Generator],
     ) -> _Entry:
+        """Trace and rewrite ``fn``'s graph for this signature; ``generators``: those of the
+        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork])."""
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
         # and must not keep this call's tensors alive.
@@ -607,7 +616,14 @@ class _GraphCache:
         with _outside_transforms(), ModuleCalls() as calls:
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
             tensors = [leaves[i] for i in positions]
-            gm = capture(traced, tensors, fresh=True, caller="fxviews.transform", name=name)
+            gm = capture(
+                traced,
+                tensors,
+                fresh=True,
+                caller="fxviews.transform",
+                name=name,
+                generators=generators,
+            )
             offsets = offsets_of(tensors, offset_bound_inputs(gm))
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()

@@ -571,8 +571,9 @@ def _describe(layouts: Any) -> str:
 
 @contextlib.contextmanager
 def _quiet_and_seeded(nodes: Iterable[torch.fx.Node]) -> Iterator[None]:
-    """Eager runs leave no trace: no autograd graph, no warnings, the random state restored."""
-    with forked_rng([_value(n) for n in nodes]), warnings.catch_warnings():
+    """Eager runs leave no trace: no autograd graph, no warnings, the random state restored
+    (the generators the nodes' arguments name included)."""
+    with forked_rng([(_value(n), n.args, n.kwargs) for n in nodes]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
             yield

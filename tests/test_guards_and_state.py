@@ -883,3 +883,177 @@ def test_zoo_models_in_train_mode_keep_eager_state() -> None:
     torch.manual_seed(0)
     calls = [call_with(randn(b, 3, 32, 32)) for b in (2, 3, 2)]
     run_twice(on_test_device(zoo.resnet18(32).train()), plain, calls)
+
+
+# --------------------------------------------------------------------------------------------
+# Random state: generators the function draws from, and random state it sets from Python
+# (Notes [Which generators to fork] and [Random state set from Python]).
+# --------------------------------------------------------------------------------------------
+
+
+class _Noisy(nn.Module):
+    """Adds noise drawn from a generator of its own."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand(x.shape, generator=self.generator)
+
+
+def _generator_argument(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda x, g: x + torch.rand(x.shape, generator=g)), (g,)
+
+
+def _closed_over_generator(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda x: x * torch.randn(x.shape, generator=g)), ()
+
+
+def _module_generator(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return _Noisy(g), ()
+
+
+def _generator_made_inside(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        own = torch.Generator().manual_seed(3)
+        return x + torch.rand(x.shape, generator=own)
+
+    return fn, ()
+
+
+def _manual_seed_inside(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(123)
+        return x + torch.rand_like(x)
+
+    return fn, ()
+
+
+def _fork_rng_inside(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.random.fork_rng():
+            noise = torch.rand_like(x)
+        return x + noise
+
+    return fn, ()
+
+
+def _set_rng_state_inside(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        state = torch.get_rng_state()
+        first = torch.rand_like(x)
+        torch.set_rng_state(state)
+        return x + first + torch.rand_like(x)
+
+    return fn, ()
+
+
+def _generator_seeded_inside(g: torch.Generator) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        g.manual_seed(5)
+        return x + torch.rand(x.shape, generator=g)
+
+    return fn, ()
+
+
+RANDOM_STATE_CASES = {
+    "generator argument": _generator_argument,
+    "closed-over generator": _closed_over_generator,
+    "generator of a module": _module_generator,
+    "generator made inside": _generator_made_inside,
+    "manual_seed inside": _manual_seed_inside,
+    "fork_rng inside": _fork_rng_inside,
+    "set_rng_state inside": _set_rng_state_inside,
+    "generator seeded inside": _generator_seeded_inside,
+}
+
+
+def _draws(
+    case: Callable[[torch.Generator], tuple[Callable[..., Any], tuple[Any, ...]]],
+    through: Callable[[Callable[..., Any]], Callable[..., Any]],
+    x: torch.Tensor,
+) -> list[Any]:
+    """Three calls of the case's function through ``through``, from the same seeds: each call's
+    output, then the next draw of its generator and of the default stream."""
+    g = torch.Generator().manual_seed(7)
+    torch.manual_seed(0)
+    fn, extra = case(g)
+    run = through(fn)
+    return [(run(x, *extra), torch.rand(2, generator=g), torch.rand(2)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("name", list(RANDOM_STATE_CASES))
+def test_random_state_after_each_call_equals_eagers(name: str) -> None:
+    """Outputs and both streams after each of three calls: as eager, whether the function
+    draws from a generator of its own or sets random state from Python (then it runs eagerly)."""
+    case = RANDOM_STATE_CASES[name]
+    x = torch.zeros(4, 3)
+    eager = _draws(case, lambda fn: fn, x)
+    torch.testing.assert_close(_draws(case, fxviews.transform, x), eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["closed-over generator", "manual_seed inside"])
+def test_random_state_under_vmap_equals_eagers(name: str) -> None:
+    def same_noise(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return vmap(fn, randomness="same")
+
+    case = RANDOM_STATE_CASES[name]
+    x = torch.zeros(5, 4, 3)
+    eager = _draws(case, same_noise, x)
+    transformed = _draws(case, lambda fn: same_noise(fxviews.transform(fn)), x)
+    torch.testing.assert_close(transformed, eager, rtol=0, atol=0)
+
+
+def test_random_state_set_from_python_runs_eagerly_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tf = fxviews.transform(_manual_seed_inside(torch.Generator())[0])
+    with caplog.at_level(logging.WARNING, logger="fxviews"):
+        tf(torch.zeros(3))
+        tf(torch.zeros(3))
+    assert tf.cache_info().eager == 1
+    assert caplog.text.count("it sets the random state from Python") == 1
+    with pytest.raises(fxviews.TracingError, match="torch.Generator it makes") as err:
+        fxviews.transform(_generator_made_inside(torch.Generator())[0], strict=True)(randn(3))
+    assert err.value.cause == "random state"
+
+
+def _dropout_twice(x: torch.Tensor) -> torch.Tensor:
+    return F.dropout(x, 0.5) + F.dropout(x, 0.2)
+
+
+def _grad_through_dropout(x: torch.Tensor) -> torch.Tensor:
+    return torch.func.grad(lambda s: F.dropout(s, 0.5).sin().sum())(x)
+
+
+def _jvp_through_noise(x: torch.Tensor) -> torch.Tensor:
+    return torch.func.jvp(lambda s: s * torch.randn_like(s), (x,), (torch.ones_like(x),))[1]
+
+
+PLAIN_DRAWS = {
+    "dropout twice": _dropout_twice,
+    "randn_like": lambda x: x + torch.randn_like(x),
+    "bernoulli": lambda x: torch.bernoulli(torch.sigmoid(x)),
+    "randperm": lambda x: x[torch.randperm(x.shape[0])],
+    "multinomial": lambda x: torch.multinomial(x.abs() + 0.1, 2),
+    "vmap randomness different": lambda x: vmap(
+        lambda s: s + torch.randn(s.shape), randomness="different"
+    )(x),
+    "grad through dropout": _grad_through_dropout,
+    "jvp through noise": _jvp_through_noise,
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN_DRAWS))
+def test_plain_draws_trace_as_a_graph(name: str) -> None:
+    """Draws only, from the default stream: traced (no eager entry), the streams as eager's."""
+    fn = PLAIN_DRAWS[name]
+    tf = fxviews.transform(fn)
+    x = torch.randn(4, 3)
+    torch.manual_seed(0)
+    eager = [(fn(x), torch.rand(2)) for _ in range(3)]
+    torch.manual_seed(0)
+    transformed = [(tf(x), torch.rand(2)) for _ in range(3)]
+    torch.testing.assert_close(transformed, eager, rtol=0, atol=0)
+    assert tf.cache_info().eager == 0
