@@ -94,11 +94,13 @@ from fxviews.passes.torch_internals import (
     functorch_transforms_active,
     get_proxy_mode,
     is_fwd_grad_enabled,
+    mark_as_parameter,
     module_backward_hooks,
     no_torch_function,
     pytree,
     set_grad_enabled,
     tensor_hooks,
+    tensor_is_view,
     top_saved_tensors_hooks,
     track_tensor_tree,
 )
@@ -227,7 +229,7 @@ def requiring_grad_like(fresh: torch.Tensor, value: torch.Tensor) -> torch.Tenso
     """
     sample = _requiring_grad(fresh, value)
     if type(value) is torch.nn.Parameter:
-        sample._is_param = True  # type: ignore[attr-defined]
+        mark_as_parameter(sample)
     return sample
 
 
@@ -698,7 +700,7 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     _getter("grad_fn"): _argument_read("grad_fn", history=True),
     _getter("retains_grad"): _argument_read("retains_grad", history=True),
     torch.Tensor.is_inference: _argument_read("is_inference()", history=False),
-    torch.Tensor._is_view: _argument_read("_is_view()", history=False),
+    tensor_is_view: _argument_read("_is_view()", history=False),
     _getter("_base"): _argument_read("_base", history=False),
     _setter("data"): _refused(
         "setting Tensor.data", "it swaps a tensor's memory behind autograd, out of any graph"

@@ -89,11 +89,11 @@ import torch
 
 from fxviews.arguments import check_flags
 from fxviews.autograd_structure import restoring_grad_mode
+from fxviews.call_keys import leaf_key, positional_key
 from fxviews.call_layouts import (
     Offsets,
     hot_check,
     is_batched,
-    layout_key,
     offset_bound_inputs,
     offsets_hold,
     offsets_of,
@@ -370,7 +370,7 @@ class _GraphCache:
         """The first entry of the signature of ``args``, positional tensors only, made the hot
         one; None for other calls and where it has none or runs eagerly. Its state guard is the
         caller's to check. Counts no hit."""
-        key = _positional_key(args)
+        key = positional_key(args)
         traced = self.entries.get(key) if key is not None else None
         if not traced or traced[0].forward is None or not offsets_hold(args, traced[0].offsets):
             return None
@@ -391,7 +391,7 @@ class _GraphCache:
             # Called while fxviews traces another function: its ops become part of that graph
             # (and that graph's rewrite), as any other function's would.
             return self.fn(*args, **kwargs)
-        key = None if kwargs else _positional_key(args)
+        key = None if kwargs else positional_key(args)
         try:
             entry, tensors = self.lookup(args, kwargs, key)
         except _TraceLater as later:
@@ -433,7 +433,7 @@ class _GraphCache:
             return entry, args
         leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
-        key = (spec, tuple(_leaf_key(leaf, keepalive) for leaf in leaves))
+        key = (spec, tuple(leaf_key(leaf, keepalive) for leaf in leaves))
         entry = self._get(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
         if entry is None:
             _check_arguments(self.fn, args, kwargs)
@@ -723,46 +723,6 @@ def _eager_when_batched(
             return flat_fn(*tensors)
 
     return run
-
-
-def _positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    # The key of a call of positional tensors only (Note [The cached call]); None otherwise.
-    if not all(isinstance(arg, torch.Tensor) for arg in args):
-        return None
-    return tuple(map(_tensor_key, args))
-
-
-def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
-    # Logical metadata: inside vmap/grad these are the wrapper's, which is what fn sees. A
-    # torch.Size hashes and compares as the tuple of its sizes. requires_grad: the trace's
-    # tensors require grad where the call's do (Note [What autograd sees is part of the trace]).
-    # The layout: Note [The layout of a call]. The lazy conjugate and negative bits: such a
-    # call runs eagerly (_check_no_lazy_bits), a plain one of the same values does not. A
-    # Parameter's sample is one to isinstance (requiring_grad_like).
-    return (
-        tensor.shape,
-        tensor.dtype,
-        tensor.device,
-        tensor.requires_grad,
-        layout_key(tensor),
-        tensor.is_conj() or tensor.is_neg(),
-        type(tensor) is torch.nn.Parameter,
-    )
-
-
-def _leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
-    if isinstance(leaf, torch.Tensor):
-        return (torch.Tensor, _tensor_key(leaf))
-    try:
-        hash(leaf)
-    except TypeError:
-        keepalive.append(leaf)
-        return (type(leaf), "id", id(leaf))
-    if isinstance(leaf, (float, complex)):
-        # 0.0 == -0.0, but a graph bakes the sign in (atan2, division, copysign).
-        return (type(leaf), leaf, repr(leaf))
-    # The type keeps 1, 1.0 and True apart: they hash equal but trace differently.
-    return (type(leaf), leaf)
 
 
 @contextlib.contextmanager

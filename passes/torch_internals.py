@@ -461,6 +461,16 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(True)
 
 
+def mark_as_parameter(tensor: torch.Tensor) -> None:
+    """Make ``isinstance(tensor, nn.Parameter)`` true while its class stays a plain tensor's
+    (``_ParameterMeta.__instancecheck__`` reads ``_is_param``, 1.9)."""
+    tensor._is_param = True  # type: ignore[attr-defined]
+
+
+#: What a torch function mode sees for ``tensor._is_view()`` (``TensorBase._is_view``, 1.0).
+tensor_is_view = torch.Tensor._is_view
+
+
 def tensor_hooks(tensor: torch.Tensor) -> tuple[Any, ...]:
     """The Python hooks registered on ``tensor``: ``register_hook``'s (``_backward_hooks``, 1.0)
     and ``register_post_accumulate_grad_hook``'s (``_post_accumulate_grad_hooks``, 2.1)."""
@@ -717,6 +727,8 @@ BOUND_NAMES = (
     "BackwardHookFunction",
     "functorch_transforms_active",
     "top_saved_tensors_hooks",
+    "mark_as_parameter",
+    "tensor_is_view",
     "tensor_hooks",
     "module_backward_hooks",
     "dynamo_functorch_calls",
