@@ -278,6 +278,7 @@ class AutogradWatch:
         self.kept_results: set[int] = set()  # ids of kept Functions' results (kept in made)
         self.refusal: NotKept | None = None
         self.arguments: set[int] = set()  # ids of the tensors fn is called with (kept alive)
+        self.argument_nodes: set[Any] = set()  # their autograd nodes, where they have one
 
     # -- running ----------------------------------------------------------------------------
 
@@ -286,7 +287,9 @@ class AutogradWatch:
         ``call`` caught."""
         if isinstance(self.writer, _MakeFxWriter):
             self.writer.bind(get_proxy_mode())
-        self.arguments = {id(t) for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)}
+        tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        self.arguments = {id(t) for t in tensors}
+        self.argument_nodes = {t.grad_fn for t in tensors if t.grad_fn is not None}
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_keeping_functions(self))
@@ -548,20 +551,37 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def _hooked_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The leaf tensors with hooks that a backward pass from ``outputs`` reaches."""
-    hooked, seen = [], set()
+def _backward_nodes(outputs: Sequence[torch.Tensor], stops: Sequence[Any] = ()) -> Iterator[Any]:
+    """The autograd nodes a backward pass from ``outputs`` reaches, going no further than the
+    nodes in ``stops`` (which are reached)."""
+    seen: set[Any] = set()
     pending: list[Any] = [t.grad_fn for t in outputs]
     while pending:
         node = pending.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf's
-        if isinstance(variable, torch.Tensor) and tensor_hooks(variable):
-            hooked.append(variable)
-        pending += [next_node for next_node, _ in node.next_functions]
-    return hooked
+        yield node
+        if node not in stops:
+            pending += [next_node for next_node, _ in node.next_functions]
+
+
+def _hooked_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaf tensors with hooks that a backward pass from ``outputs`` reaches."""
+    # An AccumulateGrad node holds its leaf as its variable.
+    leaves = (getattr(node, "variable", None) for node in _backward_nodes(outputs))
+    return [t for t in leaves if isinstance(t, torch.Tensor) and tensor_hooks(t)]
+
+
+def _reaches_an_argument(
+    watch: AutogradWatch, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> bool:
+    """Whether the gradients of ``outputs`` with respect to ``inputs`` reach one of ``fn``'s
+    arguments that requires grad: the trace's stand-in for it starts a history of its own,
+    where eager's gradient goes on into the caller's (the hooks registered on the argument,
+    the tensors it was computed from, such as a parameter ``inputs`` names)."""
+    stops = [t.grad_fn for t in inputs if t.grad_fn is not None]
+    return any(node in watch.argument_nodes for node in _backward_nodes(outputs, stops))
 
 
 def _autograd_grad(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
@@ -578,6 +598,13 @@ def _autograd_grad(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> A
                 )
         if _hooked_leaves(outputs):
             watch.refuse("torch.autograd.grad", "it reaches a tensor with hooks")
+        if _reaches_an_argument(watch, outputs, inputs):
+            watch.refuse(
+                "torch.autograd.grad",
+                "its gradient reaches an argument of fn, and goes on in eager into the caller's "
+                "autograd graph (hooks on the argument, the tensors it was computed from), "
+                "which the trace's fresh argument does not have",
+            )
         watch.note("torch.autograd.grad: its backward pass kept as ops")
     with watch.deeper("backward"):
         return func(*args, **kwargs)

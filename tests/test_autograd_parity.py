@@ -704,3 +704,41 @@ def test_a_tensor_made_from_data_inside_fn_is_new_at_each_call() -> None:
     transformed = fxviews.transform(accumulate)
     for _ in range(3):
         assert_tree_close(transformed(torch.ones(3)), accumulate(torch.ones(3)))
+
+
+_MIXING = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+_READOUT = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+
+
+def _penalty_through_a_hooked_argument(x: torch.Tensor) -> torch.Tensor:
+    (g,) = torch.autograd.grad(((x @ _READOUT) ** 3).sum(), x, create_graph=True)
+    return (g**2).sum()
+
+
+def _grads_of_what_made_the_argument(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = ((x @ _READOUT) ** 2).sum()
+    return torch.autograd.grad(y, [_MIXING, _READOUT], allow_unused=True, materialize_grads=True)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+@pytest.mark.parametrize(
+    "fn", [_penalty_through_a_hooked_argument, _grads_of_what_made_the_argument]
+)
+def test_an_inner_gradient_reaching_an_argument_is_eagers(fn: Callable, hooked: bool) -> None:
+    # Eager's torch.autograd.grad inside fn goes on past the argument into the caller's graph:
+    # through the hook the caller registered on it, to the parameter it was computed from. The
+    # trace's stand-in for the argument has no such past: such a call runs eagerly.
+    transformed = fxviews.transform(fn)
+    results: list[list[Any]] = [[], []]
+    for f, got in zip((fn, transformed), results, strict=True):
+        for call in range(3):
+            source = torch.randn(
+                3, dtype=torch.float64, generator=torch.Generator().manual_seed(call)
+            )
+            x = (source @ _MIXING).sin() if fn is _grads_of_what_made_the_argument else source
+            x = x if x.requires_grad else x.requires_grad_()
+            if hooked:
+                x.register_hook(lambda g: g * 10)
+            got.append(f(x))
+    assert_tree_close(results[1], results[0])
+    assert transformed.cache_info().eager == 1
