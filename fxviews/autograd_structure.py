@@ -25,7 +25,9 @@ or how. :class:`AutogradWatch` runs inside every trace and keeps or refuses each
    ``cls.apply`` on the node's arguments. Run, that node runs the Function's ``forward``,
    ``backward``, ``jvp`` and vmap rule exactly as eager does, or refuses what eager refuses (an
    old-style Function under ``torch.func.grad``). Its ``forward`` still runs under the
-   recording's refusals of data dependence, and the memory it makes is the trace's. It is
+   recording's refusals of data dependence (in fake mode, a number or size it computes from
+   tensor values is :class:`ValueReadInFunction`: make_fx binds such a number to the node
+   that computed it, and here none is recorded), and the memory it makes is the trace's. It is
    kept where it is called outside ``fn``'s own ``torch.func`` transforms (inside one, its rule
    has already run as ops of that transform, which the caller would differentiate instead),
    with plain non-tensor arguments (numbers, strings, dtypes: an object or a callable could
@@ -84,6 +86,7 @@ from typing import Any, NoReturn, Protocol
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fxviews.function_apply import keeping_functions, original_apply
 from fxviews.passes.source_lines import calling_user_line
 from fxviews.passes.torch_internals import (
     BackwardCFunction,
@@ -111,6 +114,7 @@ __all__ = [
     "GraphWriter",
     "KeptFunction",
     "NotKept",
+    "ValueReadInFunction",
     "requiring_grad_like",
     "restoring_grad_mode",
     "set_requires_grad",
@@ -131,6 +135,14 @@ class NotKept(RuntimeError):
         super().__init__(f"{construct}{where}: {why}")
         self.construct = construct
         self.line = line
+
+
+class ValueReadInFunction(RuntimeError):
+    """The ``forward`` of a custom autograd.Function kept as one node computes a Python number or
+    a size from tensor values (``.item()``, ``nonzero``): no graph follows it for every value.
+
+    Its message names the Function (``the forward of custom autograd.Function Normalize``).
+    """
 
 
 class GraphWriter(Protocol):
@@ -276,7 +288,8 @@ class AutogradWatch:
         # ids of tensors (kept in made) that autograd detached to save them for backward.
         self.saved_detached: set[int] = set()
         self.kept_results: set[int] = set()  # ids of kept Functions' results (kept in made)
-        self.refusal: NotKept | None = None
+        self.refusal: NotKept | ValueReadInFunction | None = None
+        self.function = ""  # the name of the kept Function whose forward runs, for refusals
         self.arguments: set[int] = set()  # ids of the tensors fn is called with (kept alive)
         self.argument_nodes: set[Any] = set()  # their autograd nodes, where they have one
 
@@ -292,7 +305,7 @@ class AutogradWatch:
         self.argument_nodes = {t.grad_fn for t in tensors if t.grad_fn is not None}
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(_keeping_functions(self))
+                stack.enter_context(keeping_functions(self))
                 stack.enter_context(_ModuleHooks(self))
                 stack.enter_context(_AutogradCalls(self))
                 stack.enter_context(_AutogradOps(self))
@@ -332,6 +345,13 @@ class AutogradWatch:
         """Raise (and remember) a :class:`NotKept` at the user's current line."""
         if self.refusal is None:
             self.refusal = NotKept(construct, why, calling_user_line())
+        raise self.refusal
+
+    def refuse_value_read(self) -> NoReturn:
+        """Raise (and remember) a :class:`ValueReadInFunction`: the op running now, in a kept
+        Function's ``forward``, computed a number or a size from tensor values."""
+        if self.refusal is None:
+            self.refusal = ValueReadInFunction(f"the forward of {self.function}")
         raise self.refusal
 
     # -- what the modes report ----------------------------------------------------------------
@@ -449,8 +469,9 @@ class AutogradWatch:
                     f"it is passed a {type(leaf).__name__}, which could hold this call's "
                     f"tensors; a graph keeps numbers, strings, dtypes and tensors",
                 )
+        self.function = name
         with self.writer.unrecorded(), self.deeper("unrecorded"):
-            out = _original_apply(cls, *args, **kwargs)
+            out = original_apply(cls, *args, **kwargs)
         results = out if isinstance(out, tuple) else (out,)
         if any(r is not None and not isinstance(r, torch.Tensor) for r in results):
             self.refuse(name, "it returns a value other than tensors, which would be baked in")
@@ -536,11 +557,30 @@ class _AutogradOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         watch = self.watch
         if watch.unrecorded:
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if _holds_traced_numbers(out):
+                watch.refuse_value_read()
+            return out
         watch.before_op(func, args)
         out = func(*args, **(kwargs or {}))
         watch.made_by_op(func, args, out)
         return out
+
+
+def _holds_traced_numbers(out: Any) -> bool:
+    """Whether an op's result holds a symbolic number, or a tensor of a symbolic size.
+
+    Traces run on static shapes, so in fake mode such a number stands for tensor values
+    (``.item()``, ``nonzero``). make_fx binds it to the node it records for the op; inside a
+    kept call, where nothing is recorded, it would stay bound to nothing (PyTorch's
+    ``PendingUnbackedSymbolNotFound`` at the next recorded op).
+    """
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(n, torch.SymInt) for n in leaf.shape):
+            return True
+    return False
 
 
 _GRAD_SIGNATURE = inspect.signature(torch.autograd.grad)
@@ -774,47 +814,3 @@ class _ModuleHooks:
                 f"backward hooks on {type(module).__name__} (register_full_backward_hook)",
                 _HOOK,
             )
-
-
-# --- Function.apply while tracing (step 2) -----------------------------------------------------
-
-# The class attribute, put back as it was: a Python classmethod before torch 2.15; from 2.15
-# _FunctionBase's C++ classmethod (a classmethod_descriptor, with no __func__), where apply's
-# Python logic moved. Both bind to a class through __get__.
-_ORIGINAL_APPLY: Any = torch.autograd.Function.__dict__["apply"]
-
-
-def _original_apply(cls: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
-    """``cls.apply(*args, **kwargs)`` as PyTorch defines it, whatever the class holds now."""
-    return _ORIGINAL_APPLY.__get__(None, cls)(*args, **kwargs)
-
-
-_tracing = threading.local()  # .watch: the watch of the trace running on this thread
-_patch_lock = threading.Lock()
-_patches = [0]  # traces running with the replacement installed, on any thread
-
-
-def _apply_while_tracing(cls: type[torch.autograd.Function], *args: Any, **kwargs: Any) -> Any:
-    watch = getattr(_tracing, "watch", None)
-    if watch is None or watch.unrecorded:  # another thread, or nested in a kept call
-        return _original_apply(cls, *args, **kwargs)
-    return watch.keep_function(cls, args, kwargs)
-
-
-@contextlib.contextmanager
-def _keeping_functions(watch: AutogradWatch) -> Iterator[None]:
-    """``Function.apply`` kept as one node for ``watch``'s trace, on this thread."""
-    previous = getattr(_tracing, "watch", None)
-    _tracing.watch = watch
-    with _patch_lock:
-        if not _patches[0]:
-            torch.autograd.Function.apply = classmethod(_apply_while_tracing)  # type: ignore[assignment, method-assign]
-        _patches[0] += 1
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patches[0] -= 1
-            if not _patches[0]:
-                torch.autograd.Function.apply = _ORIGINAL_APPLY  # type: ignore[method-assign]
-        _tracing.watch = previous

@@ -43,13 +43,22 @@ import dis
 import enum
 import inspect
 import linecache
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fxviews.passes.source_lines import format_frame, internal_frame, short_path
 
-__all__ = ["Failure", "UserLine", "definition_line", "describe", "instruction_at", "user_line"]
+__all__ = [
+    "Failure",
+    "UserLine",
+    "converts_a_traced_number",
+    "definition_line",
+    "describe",
+    "instruction_at",
+    "user_line",
+]
 
 
 class Failure(enum.Enum):
@@ -60,6 +69,7 @@ class Failure(enum.Enum):
     VALUE_SHAPED_OUTPUT = "an output shaped by values"  # an op whose result's size is values'
     READS_MEMORY = "reads memory"  # tolist, numpy, data_ptr
     CLOSED_OVER_VALUE = "reads a closed-over value"  # .item() of a tensor fn closes over
+    VALUE_IN_FUNCTION = "a value read in a kept Function"  # .item() in a Function's forward
     WRAPPED_CLOSURE = "a closure over a transformed tensor"
     OBSERVABLE_GATHER = "a 0-d tensor index read through a view"
 
@@ -133,6 +143,22 @@ def _torch_nn_code(frame: types.FrameType) -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("torch.nn.")
 
 
+#: The types of the numbers fake mode computes from tensor values (``x.sum().item() > 0``).
+_TRACED_NUMBERS = re.compile(r"\b(SymBool|SymInt|SymFloat)\b")
+
+
+def converts_a_traced_number(err: Exception) -> bool:
+    """Whether ``err`` is Python failing to convert a number computed from tensor values.
+
+    Fake mode traces on static shapes, so every symbolic number stands for tensor values. Where
+    Python converts one, the number's type answers (``int()``, ``bool()``, ``math.exp``) or
+    fake mode cannot decide it (``GuardOnDataDependentSymNode``); where the type has no such
+    method (``float()`` of a ``SymBool``, a format spec, ``hash``), Python raises a TypeError
+    naming the type: the same dependence on values, in other words.
+    """
+    return isinstance(err, TypeError) and _TRACED_NUMBERS.search(str(err)) is not None
+
+
 def definition_line(fn: object) -> str:
     """`` (file:line)`` where ``fn`` (or the function inside a partial or a module's
     ``forward``) is defined, for messages about a function as a whole; empty if unknown."""
@@ -189,6 +215,14 @@ def describe(
             f"`int()`, a condition on it): eager PyTorch reads it again on every call, a graph "
             f"would keep this call's value. Use it as a tensor (`x * scale`, not "
             f"`x * scale.item()`), or pass it as an argument."
+        )
+    if failure is Failure.VALUE_IN_FUNCTION:
+        return (
+            f"{head}: {quoted} reads a tensor value into Python (`.item()`, `float()`, a size "
+            f"from `nonzero`) in {err}, which a graph keeps as one node: no graph follows what "
+            f"Python computes from the value for every value. Keep it a tensor in `forward` "
+            f"(`x / x.abs().max()`, not `x / x.abs().max().item()`; save it for `backward` with "
+            f"`ctx.save_for_backward`)."
         )
     if failure is Failure.OBSERVABLE_GATHER:
         return (

@@ -55,9 +55,20 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fxviews.arguments import check_flags
-from fxviews.autograd_structure import AutogradWatch, NotKept, requiring_grad_like
+from fxviews.autograd_structure import (
+    AutogradWatch,
+    NotKept,
+    ValueReadInFunction,
+    requiring_grad_like,
+)
 from fxviews.call_layouts import fake_sample, real_sample, sample_bytes
-from fxviews.failure_messages import Failure, describe, instruction_at, user_line
+from fxviews.failure_messages import (
+    Failure,
+    converts_a_traced_number,
+    describe,
+    instruction_at,
+    user_line,
+)
 from fxviews.graph_rewriting import TRACED_WITH
 from fxviews.guards import reachable_generators, reachable_objects
 from fxviews.layout_decisions import deciding_at_run_time, drop_decompositions
@@ -559,18 +570,26 @@ def _failure_of(err: Exception) -> tuple[Failure, str] | None:
         return Failure.BRANCH, "control flow"
     if isinstance(err, DynamicOutputShapeException):
         return Failure.VALUE_SHAPED_OUTPUT, "data-dependent shape"
-    if isinstance(err, _DATA_DEPENDENT):
-        where = user_line(err)
-        if where is not None and where.is_condition:
-            return Failure.VALUE, "control flow"
-        return Failure.VALUE, "data-dependent shape"
+    if isinstance(err, _DATA_DEPENDENT) or converts_a_traced_number(err):
+        return _unless_a_condition(err, Failure.VALUE, "data-dependent shape")
     if isinstance(err, ConstantRead):
         return Failure.CLOSED_OVER_VALUE, "reads tensor values"
+    if isinstance(err, ValueReadInFunction):
+        return _unless_a_condition(err, Failure.VALUE_IN_FUNCTION, "reads tensor values")
     if isinstance(err, ObservableGather):
         return Failure.OBSERVABLE_GATHER, "data-dependent shape"
     if isinstance(err, RuntimeError) and "escaped from inside a function being" in str(err):
         return Failure.WRAPPED_CLOSURE, "closure over a transformed tensor"
     return None
+
+
+def _unless_a_condition(err: Exception, failure: Failure, cause: str) -> tuple[Failure, str]:
+    """``failure`` and ``cause`` of a value read in ``err``, or Python control flow where the
+    user's line asked for the value's truth (``if x.sum() > 0:``), whose advice differs."""
+    where = user_line(err)
+    if where is not None and where.is_condition:
+        return Failure.VALUE, "control flow"
+    return failure, cause
 
 
 def _autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:

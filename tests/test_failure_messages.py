@@ -25,7 +25,7 @@ from fxviews.passes.source_lines import short_path
 #: What no message may hold: SymPy symbols and relations, guard and dispatcher vocabulary.
 INTERNALS = re.compile(
     r"\bu\d+\b|\bzuf\d+\b|\bEq\(|unhinted|Size-like|guard|data-dependent expression|aten\.|"
-    r"_local_scalar_dense|SymInt|SymFloat|FakeTensor|GuardOnDataDependent"
+    r"_local_scalar_dense|Sym|unbacked|Pending|FakeTensor|GuardOnDataDependent"
 )
 
 SCALE = torch.tensor(3.0)  # a tensor the functions below close over
@@ -153,3 +153,79 @@ def test_a_closure_over_a_transformed_tensor_names_where_the_function_is_defined
         torch.func.grad(lambda y: outer(y).sum())(torch.ones(3))
     assert f"inner ({short_path(__file__)}:{defined['line']})" in str(err.value)
     assert "Pass that tensor as an argument" in str(err.value)
+
+
+class Normalize(torch.autograd.Function):
+    """Divides by the largest magnitude, read into Python in ``forward``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        scale = x.abs().max().item()
+        ctx.scale = scale
+        return x / scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.scale
+
+
+def float_of_a_drawn_condition(ran: list[None]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def scaled_by_a_draw(x):
+        ran.append(None)  # counts runs without rebinding Python state
+        return x * float(torch.rand(()).item() > 0.5)
+
+    return scaled_by_a_draw
+
+
+def item_in_a_function_forward(ran: list[None]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def normalized(x):
+        ran.append(None)
+        return (Normalize.apply(x) * x).sum()
+
+    return normalized
+
+
+#: (a function counting its runs in ``ran``, the function holding the line the message names,
+#: that line, what the message advises, its cause)
+EAGER_FOR_GOOD = [
+    (float_of_a_drawn_condition, None, "return x * float(torch.rand(()).item() > 0.5)",
+     "index with integer tensors", "data-dependent shape"),
+    (item_in_a_function_forward, Normalize.forward, "scale = x.abs().max().item()",
+     "ctx.save_for_backward", "reads tensor values"),
+]  # fmt: skip
+
+
+def _value_and_grad(fn: Callable[..., Any], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    out = fn(x)
+    return out, *torch.autograd.grad(out.sum(), x)
+
+
+@pytest.mark.parametrize(
+    "counted, holder, code, advice, cause", EAGER_FOR_GOOD, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_a_number_read_from_values_runs_eagerly_for_good_after_one_warning(
+    counted, holder, code, advice, cause, caplog
+):
+    # A Python number computed from values (float() of a comparison, .item() in a kept
+    # Function's forward) is the function's nature: no later call traces again, and re-running
+    # fn each call would repeat its Python side effects.
+    ran: list[None] = []
+    fn = counted(ran)
+    with pytest.raises(fxviews.TracingError) as strict:
+        fxviews.transform(fn, strict=True)(torch.ones(4, requires_grad=True))
+    assert strict.value.cause == cause
+    tf = fxviews.transform(fn)
+    with caplog.at_level(logging.WARNING, logger="fxviews"):
+        for call in range(3):
+            x = torch.tensor([0.5, -2.0, 1.5, 3.0], requires_grad=True)
+            torch.manual_seed(call)
+            expected = _value_and_grad(fn, x)
+            torch.manual_seed(call)
+            runs = len(ran)
+            torch.testing.assert_close(_value_and_grad(tf, x), expected)
+            if call:
+                assert len(ran) == runs + 1  # once, as eager
+    info = tf.cache_info()
+    assert (info.misses, info.eager) == (1, 1)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "fxviews"]
+    _assert_in_user_terms(warning, holder or fn, code, advice, name=fn.__qualname__)
