@@ -115,6 +115,7 @@ from fxviews.passes.torch_internals import (
     is_functorch_wrapped_tensor,
     pytree,
     run_outside_dynamo,
+    saved_tensors_hooks_deferred,
     temporarily_clear_interpreter_stack,
 )
 from fxviews.printouts import logger, report_rewrite
@@ -727,12 +728,18 @@ def _eager_when_batched(
 
 @contextlib.contextmanager
 def _outside_transforms() -> Iterator[None]:
-    """Step out of every active torch.func transform and dispatch mode, in the caller's grad mode.
+    """Step out of every active torch.func transform and dispatch mode, in the caller's grad mode,
+    with the caller's saved-tensor hooks not called.
 
     The graph is cached and reused from any transform context, so it must not depend on where
     the first call happened: enclosing transforms are re-applied when the graph runs on the real
     arguments. Grad mode is part of the entry's guard, and stays the caller's (inference mode,
     which would make the trace's tensors inference tensors, is left with grad mode as it was).
+    The caller's saved-tensor hooks (a ``torch.utils.checkpoint`` around the call counts what
+    they pack) must see what the graph saves when it runs, as eager's ops, and never the trace's
+    tensors: they stay pushed, so the trace still refuses hooks ``fn`` pushes itself (Note [What
+    autograd sees is part of the trace]), and a ``torch.func`` transform inside ``fn`` refuses
+    them as eager's does.
     """
     grad_enabled = torch.is_grad_enabled()
     with contextlib.ExitStack() as stack:
@@ -740,6 +747,7 @@ def _outside_transforms() -> Iterator[None]:
         stack.enter_context(disable_current_modes())
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.set_grad_enabled(grad_enabled))
+        stack.enter_context(saved_tensors_hooks_deferred())
         yield
 
 

@@ -456,9 +456,25 @@ def functorch_transforms_active() -> bool:
 
 
 def top_saved_tensors_hooks() -> Any:
-    """The innermost saved-tensor hooks in force, ``(pack, unpack)``, or None
+    """The innermost saved-tensor hooks pushed, ``(pack, unpack)``, or None, deferred or not
     (``torch._C._autograd._top_saved_tensors_default_hooks``, 2.0)."""
     return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+@contextlib.contextmanager
+def saved_tensors_hooks_deferred() -> Iterator[None]:
+    """Run the block with no saved-tensor hooks called, while their stack stays as it is: the
+    flag with which AOTAutograd keeps the caller's hooks off its trace and for the compiled
+    graph's run (``torch._C._autograd._saved_tensors_hooks_set_tracing``, pytorch#123196 of
+    2024: every release in :data:`SUPPORTED_TORCH` has it). Hooks still push and pop,
+    :func:`top_saved_tensors_hooks` still reads the innermost, and
+    ``disable_saved_tensors_hooks`` (``torch.func.vjp``, ``vmap``) still refuses a stack that
+    holds some, as it does around the eager call."""
+    prior = torch._C._autograd._saved_tensors_hooks_set_tracing(True)
+    try:
+        yield
+    finally:
+        torch._C._autograd._saved_tensors_hooks_set_tracing(prior)
 
 
 def mark_as_parameter(tensor: torch.Tensor) -> None:
@@ -727,6 +743,7 @@ BOUND_NAMES = (
     "BackwardHookFunction",
     "functorch_transforms_active",
     "top_saved_tensors_hooks",
+    "saved_tensors_hooks_deferred",
     "mark_as_parameter",
     "tensor_is_view",
     "tensor_hooks",

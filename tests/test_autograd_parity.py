@@ -459,6 +459,80 @@ def test_a_refused_checkpoint_leaves_no_saved_tensor_hooks() -> None:
     assert transformed.cache_info().eager == 1
 
 
+def _dropped_out(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A block whose recomputation must draw the random numbers its forward drew."""
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout((x @ weight).tanh(), 0.5, training=True).sin()
+
+    return block
+
+
+def _checkpointed_step(
+    block: Callable[[torch.Tensor], torch.Tensor],
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    use_reentrant: bool,
+) -> Any:
+    """A training step through ``checkpoint(block)``: its outputs, gradients and the next
+    random draw."""
+    weight.grad = None
+    leaf = x.clone().requires_grad_()
+    torch.manual_seed(7)
+    out = torch.utils.checkpoint.checkpoint(block, leaf, use_reentrant=use_reentrant)
+    out.sum().backward()
+    return out.detach(), leaf.grad, weight.grad, torch.rand(2)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpoint_around_a_transformed_function_gives_eager_gradients(
+    use_reentrant: bool,
+) -> None:
+    """The first call traces inside ``checkpoint``, whose saved-tensor hooks count what the
+    forward saves against what the recomputation saves: they must never see the trace's."""
+    weight = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    block = _dropped_out(weight)
+    transformed = fxviews.transform(block)
+    for call in range(3):  # the first call traces, the later ones run the cached graph
+        x = torch.randn(4, dtype=torch.float64)
+        expected = _checkpointed_step(block, weight, x, use_reentrant)
+        got = _checkpointed_step(transformed, weight, x, use_reentrant)
+        assert_tree_close(got, expected, msg=f"call {call}")
+
+
+def _saved_tensor_hook_calls(fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, int]:
+    """How many times a caller's saved-tensor hooks pack and unpack around a training step of
+    ``fn``."""
+    calls = {"pack": 0, "unpack": 0}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        calls["pack"] += 1
+        return tensor
+
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        calls["unpack"] += 1
+        return tensor
+
+    x = torch.randn(SAMPLE_SHAPE, dtype=torch.float64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = fn(x)
+    out.sum().backward()
+    return calls
+
+
+@pytest.mark.parametrize("name", ["distillation", "custom_activation", "lossy_saved_tensors"])
+def test_a_callers_saved_tensor_hooks_see_what_eager_saves(name: str) -> None:
+    """The trace is fxviews' own work: the caller's hooks see the graph's run as eager's ops,
+    from the first call on, and hooks ``fn`` pushes itself are still refused."""
+    eager, traced = PROGRAMS[name](), PROGRAMS[name]()
+    transformed = fxviews.transform(traced.fn)
+    for call in range(2):
+        got = _saved_tensor_hook_calls(transformed)
+        assert got == _saved_tensor_hook_calls(eager.fn), f"call {call}"
+        assert got["pack"] > 0 or traced.refused is not None
+    assert transformed.cache_info().eager == (traced.refused is not None)
+
+
 # --- the other entry points -------------------------------------------------------------------
 
 
