@@ -52,8 +52,9 @@ or how. :class:`AutogradWatch` runs inside every trace and keeps or refuses each
 4. **The rest is detected by its effect, not its name**, and refused: at every op, a
    forward-grad mode, inference mode or saved-tensor hooks other than the call's (a Function's
    ``forward`` runs with forward grad off, so one whose ``apply`` this module did not see is
-   found there; ``torch.utils.checkpoint`` pushes saved-tensor hooks), a backward node running
-   outside a kept ``autograd.grad``, or a custom Function's backward inside one; at every
+   found there; ``torch.utils.checkpoint`` pushes saved-tensor hooks), a backward node other
+   than the call's running outside a kept ``autograd.grad``, or a custom Function's backward
+   inside one; at every
    module call, backward hooks on the module or global ones; when ``fn`` returns, a grad mode
    it left changed, and a hook, ``retains_grad`` or an unkept custom Function's ``grad_fn`` on
    any tensor the trace made.
@@ -280,6 +281,9 @@ class AutogradWatch:
         self.call_grad = torch.is_grad_enabled()
         self.grad = self.call_grad  # the grad mode the graph is in, after its last node
         self.others = _other_state()
+        # The backward node the call itself runs in (a reentrant checkpoint recomputes its
+        # function inside the engine): the caller's, as its grad mode is, not one fn started.
+        self.call_node = current_autograd_node()
         self.kept: list[str] = []  # what was kept, for gm.meta and printouts
         self.unrecorded = 0  # depth of kept calls running
         self.backward = 0  # depth of kept autograd.grad calls running
@@ -367,7 +371,7 @@ class AutogradWatch:
         if others != self.others:
             self._refuse_state(func, others)
         node = current_autograd_node()
-        if node is None:
+        if node is None or node is self.call_node:
             return
         if not self.backward:
             self.refuse(

@@ -489,7 +489,9 @@ def test_checkpoint_around_a_transformed_function_gives_eager_gradients(
     use_reentrant: bool,
 ) -> None:
     """The first call traces inside ``checkpoint``, whose saved-tensor hooks count what the
-    forward saves against what the recomputation saves: they must never see the trace's."""
+    forward saves against what the recomputation saves: they must never see the trace's. A
+    reentrant checkpoint recomputes inside the engine's backward, the caller's, not one fn
+    runs: that signature gets a graph too."""
     weight = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     block = _dropped_out(weight)
     transformed = fxviews.transform(block)
@@ -498,6 +500,7 @@ def test_checkpoint_around_a_transformed_function_gives_eager_gradients(
         expected = _checkpointed_step(block, weight, x, use_reentrant)
         got = _checkpointed_step(transformed, weight, x, use_reentrant)
         assert_tree_close(got, expected, msg=f"call {call}")
+    assert transformed.cache_info().eager == 0
 
 
 def _saved_tensor_hook_calls(fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, int]:
