@@ -35,7 +35,10 @@ or how. :class:`AutogradWatch` runs inside every trace and keeps or refuses each
 3. **The autograd API that dispatches no op** is seen at the torch-function level, before it
    runs: ``requires_grad_`` (and the ``requires_grad`` setter), a factory's
    ``requires_grad=True`` (set after its op, as ``requires_grad_`` would) and ``detach_``
-   become nodes doing the same to the graph's tensor when it runs; ``torch.autograd.grad`` runs, its
+   (on an argument always: the call's may be a view, which eager refuses to detach in place)
+   become nodes doing the same to the graph's tensor when it runs; a ``.data`` read becomes a
+   node reading it (:func:`tensor_data`: no aten op shares memory but not the version
+   counter); ``torch.autograd.grad`` runs, its
    backward recorded as ops in the grad mode ``create_graph`` gives them, where every
    ``outputs`` and ``inputs`` tensor requires grad in the trace (the trace's own arguments never
    do, so a gradient with respect to an argument is refused rather than baked for the caller's
@@ -119,6 +122,7 @@ __all__ = [
     "requiring_grad_like",
     "restoring_grad_mode",
     "set_requires_grad",
+    "tensor_data",
 ]
 
 #: ``GraphModule.meta`` key: what the trace kept of ``fn``'s autograd structure, one line each.
@@ -194,6 +198,23 @@ def set_requires_grad(tensor: torch.Tensor, requires_grad: bool = True) -> torch
         True
     """
     return tensor.requires_grad_(requires_grad)
+
+
+def tensor_data(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor.data``: a node reading it from the graph's tensor when the graph runs.
+
+    No aten op is ``.data``: it shares ``tensor``'s memory with a version counter of its own
+    and no autograd history, where ``detach`` (make_fx's record of it) and ``alias`` share the
+    version counter, so a write through the graph's would fail the backward of an op that
+    saved ``tensor``, and eager's does not. Under the caller's ``vmap`` it raises as eager's.
+
+    Example::
+
+        >>> w = torch.ones(2, requires_grad=True)
+        >>> tensor_data(w).mul_(2)._version, w._version, tensor_data(w).requires_grad
+        (1, 0, False)
+    """
+    return tensor.data
 
 
 def restoring_grad_mode(forward: Callable[..., Any], graph: torch.fx.Graph) -> Callable[..., Any]:
@@ -486,6 +507,17 @@ class AutogradWatch:
         self.note(f"{name} kept as one node")
         return out
 
+    def keep_data_read(self, tensor: torch.Tensor, read: Callable[[torch.Tensor], Any]) -> Any:
+        """Step 3: ``read(tensor)``, ``tensor.data``, recorded as one :func:`tensor_data` node
+        standing for its result, outside ``fn``'s own transforms (there, their own rule)."""
+        if self.unrecorded or functorch_transforms_active():
+            return read(tensor)
+        with self.writer.unrecorded(), self.deeper("unrecorded"):  # make_fx's is a detach
+            out = read(tensor)
+        self.writer.record_call(tensor_data, (tensor,), {}, out)
+        self.made.append(out)
+        return out
+
     def keep_tensor_call(
         self, target: Callable[..., Any], tensor: torch.Tensor, *args: Any
     ) -> None:
@@ -675,9 +707,11 @@ def _requires_grad_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> 
 
 
 def _detach_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
-    differentiable = args[0].requires_grad
+    # Kept on every argument too: its sample is never a view, where the call's may be, and
+    # eager refuses to detach a view in place; the node refuses it on each call's tensor.
+    kept = args[0].requires_grad or id(args[0]) in watch.arguments
     out = func(*args, **kwargs)
-    if differentiable:
+    if kept:
         watch.keep_tensor_call(torch.ops.aten.detach_.default, args[0])
     return out
 
@@ -685,6 +719,10 @@ def _detach_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
 def _detach(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
     with watch.deeper("user_detach"):
         return func(*args, **kwargs)
+
+
+def _data_read(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
+    return watch.keep_data_read(args[0], func)
 
 
 def _made_requiring_grad(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:
@@ -773,6 +811,7 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     torch.Tensor.is_inference: _argument_read("is_inference()", history=False),
     tensor_is_view: _argument_read("_is_view()", history=False),
     _getter("_base"): _argument_read("_base", history=False),
+    _getter("data"): _data_read,
     _setter("data"): _refused(
         "setting Tensor.data", "it swaps a tensor's memory behind autograd, out of any graph"
     ),

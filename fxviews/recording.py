@@ -35,8 +35,9 @@ first *records*:
    shapes when run on meta tensors: decided once per op), Python reading a tensor's memory
    without dispatch
    (``tolist``, ``numpy``, ``data_ptr``, the storage: :class:`ValueReads`), and a tensor that
-   aliases the trace's memory but reached an op without passing through one (``.data``):
-   it would be recorded as a constant holding this sample. Sparse, nested and meta tensors
+   aliases the trace's memory but reached an op without passing through one
+   (``nn.Parameter(t)``; ``.data`` is kept as a node by the watch): it would be recorded as a
+   constant holding this sample. Sparse, nested and meta tensors
    are refused too, and so are forward AD's zero tangents (``_efficientzerotensor``): their
    own kernels run before any mode sees them. The caller's trace guard makes them dense
    zeros first, as in fake mode (Note [Zero tangents in fake mode]).

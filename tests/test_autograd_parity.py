@@ -819,3 +819,71 @@ def test_an_inner_gradient_reaching_an_argument_is_eagers(fn: Callable, hooked: 
             got.append(f(x))
     assert_tree_close(results[1], results[0])
     assert transformed.cache_info().eager == 1
+
+
+# --- .data and detach_: the call's tensor, as eager's ------------------------------------------
+
+
+def _scale_through_data(w: torch.Tensor) -> torch.Tensor:
+    y = w * w
+    w.data.mul_(2)  # a manual update: .data has a version counter of its own
+    return y.sum()
+
+
+def _zero_through_data(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = w * 2
+    z = y * y
+    y.data.zero_()
+    return z.sum(), y
+
+
+def _data_of(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d = w.data
+    y = w.sin()  # saves w, which the write below changes without a version bump
+    return y.sum(), d.add_(1)
+
+
+@pytest.mark.parametrize("fn", [_scale_through_data, _zero_through_data, _data_of])
+def test_data_shares_memory_not_the_version_counter_as_in_eager(fn: Callable[..., Any]) -> None:
+    def outcome(run: Callable[..., Any]) -> list[Any]:
+        w = torch.arange(1.0, 4.0, requires_grad=True)
+        out = run(w)
+        loss, *rest = out if isinstance(out, tuple) else (out,)
+        loss.backward()
+        shared = [r.data_ptr() == w.data_ptr() for r in rest if r is not None]
+        return [loss.detach(), *[r.detach() for r in rest], w.grad, w.detach(), shared,
+                [(r.requires_grad, r._version, w._version) for r in rest]]  # fmt: skip
+
+    transformed = fxviews.transform(fn)
+    for _ in range(2):
+        assert_tree_close(outcome(transformed), outcome(fn))
+    assert_tree_close(outcome(fxviews.trace(fn, torch.arange(1.0, 4.0, requires_grad=True))),
+                      outcome(fn))  # fmt: skip
+    assert transformed.cache_info()[:2] == (1, 1)
+
+
+def test_data_under_the_callers_transforms_is_eagers() -> None:
+    def per_sample(fn: Callable[..., Any]) -> list[Any]:
+        w = torch.arange(1.0, 4.0)
+        return [torch.func.grad(fn)(w), w]
+
+    transformed = fxviews.transform(_scale_through_data)
+    assert_tree_close(per_sample(transformed), per_sample(_scale_through_data))
+    with pytest.raises(RuntimeError, match="accessing `data` under vmap transform is not allowed"):
+        torch.func.vmap(transformed)(torch.ones(2, 3))
+
+
+def test_detaching_an_argument_that_is_a_view_in_place_raises_as_eager() -> None:
+    def detached_bump(x: torch.Tensor) -> torch.Tensor:
+        return x.detach_().add_(1)
+
+    transformed = fxviews.transform(detached_bump)
+    for _ in range(2):  # one signature: whether the call's tensor is a view is not part of it
+        x, y = (torch.arange(6.0).reshape(2, 3).clone() for _ in range(2))
+        assert_tree_close([transformed(x), x], [detached_bump(y), y])
+        for run in (detached_bump, transformed):
+            view = torch.arange(6.0).reshape(2, 3)
+            with pytest.raises(RuntimeError, match="Can't detach views in-place"):
+                run(view)
+            assert_tree_close(view, torch.arange(6.0).reshape(2, 3))  # nothing written
+    assert transformed.cache_info()[:2] == (3, 1)
