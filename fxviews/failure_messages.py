@@ -68,6 +68,7 @@ class Failure(enum.Enum):
     BRANCH = "a branch"  # Tensor.__bool__ itself: always a condition
     VALUE_SHAPED_OUTPUT = "an output shaped by values"  # an op whose result's size is values'
     READS_MEMORY = "reads memory"  # tolist, numpy, data_ptr
+    READS_STORAGE = "reads the storage"  # untyped_storage, most often for set_
     CLOSED_OVER_VALUE = "reads a closed-over value"  # .item() of a tensor fn closes over
     VALUE_IN_FUNCTION = "a value read in a kept Function"  # .item() in a Function's forward
     WRAPPED_CLOSURE = "a closure over a transformed tensor"
@@ -208,6 +209,13 @@ def describe(
             f"`data_ptr()`), and a graph cannot hold what Python computes from them for every "
             f"value. Keep the computation in tensor ops (a number used only in tensor "
             f"arithmetic may come from `.item()`)."
+        )
+    if failure is Failure.READS_STORAGE:
+        return (
+            f"{head}: {quoted} takes a tensor's storage into Python (`untyped_storage()`, "
+            f"`storage()`), to hand its memory to `set_` or read it, and a graph holds tensors "
+            f"and the ops on them, not a storage. Take views of the tensor instead "
+            f"(`x.view(...)`, `x.as_strided(size, stride, offset)`)."
         )
     if failure is Failure.CLOSED_OVER_VALUE:
         return (

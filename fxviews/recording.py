@@ -94,7 +94,13 @@ class NotRecordable(RuntimeError):
 
 class ReadsMemory(NotRecordable):
     """The function reads tensor memory from Python (``tolist``, ``numpy``, ``data_ptr``): values
-    leave the graph, as through ``.item()``, wherever fake mode fails on it."""
+    leave the graph, as through ``.item()``, wherever fake mode fails on it. ``storage`` says
+    whether what it read is the storage object itself (``untyped_storage``), which messages
+    name apart: it is memory handed on (to ``set_``), not values."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"the function reads tensor memory from Python ({method})")
+        self.storage = method in _STORAGE_READS
 
 
 def record(
@@ -229,13 +235,16 @@ _MEMORY_READS = frozenset(
      "__dlpack__", "__reduce_ex__"}
 )  # fmt: skip
 
+#: Those among them that return the storage object.
+_STORAGE_READS = frozenset({"untyped_storage", "storage", "_storage"})
+
 
 class ValueReads(TorchFunctionMode):
     """Refuses Python reads of tensor memory that bypass the dispatcher while recording."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if getattr(func, "__name__", None) in _MEMORY_READS:
-            raise ReadsMemory(f"the function reads tensor memory from Python ({func.__name__})")
+            raise ReadsMemory(func.__name__)
         return func(*args, **(kwargs or {}))
 
 

@@ -149,11 +149,12 @@ class TracingError(FxViewsError):
 
     ``cause`` is one of ``"control flow"`` (a Python branch on a tensor value),
     ``"data-dependent shape"`` (a size or Python number computed from tensor values),
-    ``"reads tensor values"`` (``.numpy()``, ``tolist``, found by ``transform``'s recording, or
-    ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
-    transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
-    hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"lazy
-    conjugate"`` (``transform`` called with a tensor whose conjugate or negative bit is set),
+    ``"reads tensor values"`` (``.numpy()``, ``tolist``, a storage, found by ``transform``'s
+    recording, or ``.item()`` of a tensor ``fn`` closes over: values leave the graph),
+    ``"closure over a transformed tensor"``, ``"autograd"`` (an autograd-level construct a
+    graph cannot keep: a hook, ``backward()``, ...; Note [What autograd sees is part of the
+    trace]), ``"lazy conjugate"`` (``transform`` called with a tensor whose conjugate or
+    negative bit is set),
     ``"rebinds Python state"`` (``self.avg = ...`` or a global assigned while ``fn`` runs:
     Note [Python state a trace rebinds]), ``"random state"`` (random state set from Python, or
     a generator made by ``fn``: Note [Random state set from Python]), ``"lazy module"``
@@ -341,7 +342,8 @@ def capture(
             fake_error = err
         _raise_if_untraceable_by_nature(fake_error, caller, name)
         if memory_read is not None and not _is_fake_mode_limitation(fake_error):
-            message = describe(Failure.READS_MEMORY, caller, name, memory_read)
+            kind = Failure.READS_STORAGE if memory_read.storage else Failure.READS_MEMORY
+            message = describe(kind, caller, name, memory_read)
             raise TracingError(message, "reads tensor values") from fake_error
         if not _is_fake_mode_limitation(fake_error):
             where = user_line(fake_error)

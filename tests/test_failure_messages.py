@@ -54,6 +54,10 @@ def values_to_numpy(x):
     return x * torch.from_numpy(x.numpy().cumsum(0))
 
 
+def restrides_through_storage(x):
+    return x.set_(x.untyped_storage(), x.storage_offset(), (2,), (2,))
+
+
 def reads_closed_over_value(x):
     return x * int(SCALE.item())
 
@@ -74,6 +78,9 @@ CASES = [
      "data-dependent shape"),
     (values_to_numpy, "return x * torch.from_numpy(x.numpy().cumsum(0))",
      "Keep the computation in tensor ops", "reads tensor values"),
+    (restrides_through_storage,
+     "return x.set_(x.untyped_storage(), x.storage_offset(), (2,), (2,))",
+     "Take views of the tensor instead", "reads tensor values"),
     (reads_closed_over_value, "return x * int(SCALE.item())", "pass it as an argument",
      "reads tensor values"),
     (bump_through_tensor_index, "x[a] += 1", "`x[i] = x[i] + v`", "data-dependent shape"),
@@ -106,7 +113,7 @@ def test_trace_and_strict_transform_say_where_what_and_what_instead(fn, code, ad
     args = _arguments(fn)
     # trace gives the graph of this call, closed-over values included; it records no sample,
     # which is what tells memory read into Python (its error is PyTorch's, on its line).
-    if fn not in (reads_closed_over_value, values_to_numpy):
+    if fn not in (reads_closed_over_value, values_to_numpy, restrides_through_storage):
         with pytest.raises(fxviews.TracingError) as traced:
             fxviews.trace(fn, *args)
         _assert_in_user_terms(str(traced.value), fn, code, advice)
