@@ -22,6 +22,15 @@ finds the entry made for the state now in force):
    ``forward`` runs while the function is traced (:class:`ModuleCalls`), which finds modules
    reached through attributes, containers and ``torch.func.functional_call`` targets.
    Checking them costs ~50 ns a module (a tuple of flags compared with the traced one).
+3. **What a module holds**: the graph holds the parameters and buffers it read by reference,
+   so one assigned anew after the trace (``m.weight = nn.Parameter(...)``,
+   ``load_state_dict(..., assign=True)``, pruning, a parametrization or a submodule swapped
+   in) would leave it reading the old one. Every parameter, buffer or submodule assignment
+   goes through ``nn.Module``'s registration hooks; the global ones fxviews installs count
+   them up in each watched module's ``__dict__`` (:data:`REGISTRATIONS`), read with
+   ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_`` are
+   none (the graph reads the same object, as eager does), and neither is a change of a held
+   tensor's layout (``model.to(memory_format=...)`` swaps ``.data``): see docs/guards.md.
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
@@ -55,9 +64,33 @@ __all__ = [
     "uninitialized_lazy_modules",
 ]
 
-#: Reads a module's ``training`` flag: ``map`` over a tuple of modules with it is the cheapest
-#: loop Python has for the check on every cache hit.
-read_training = operator.attrgetter("training")
+#: The attribute in a watched module's ``__dict__`` counting its registrations (item 3).
+REGISTRATIONS = "_fxviews_registrations"
+
+#: Reads a watched module's ``training`` flag and registration count: ``map`` over a tuple of
+#: modules with it is the cheapest loop Python has for the check on every cache hit.
+read_training = operator.attrgetter("training", REGISTRATIONS)
+
+
+def _read_mode(module: torch.nn.Module) -> tuple[bool, int]:
+    """A module's ``training`` flag alone, in :data:`read_training`'s shape."""
+    return module.training, 0
+
+
+def _count_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    """A global registration hook: one more assignment of a parameter, buffer or submodule of
+    ``module``, counted where a guard watches it (item 3 of the Note)."""
+    held = module.__dict__
+    if REGISTRATIONS in held:
+        held[REGISTRATIONS] += 1
+
+
+for _register in (
+    torch.nn.modules.module.register_module_parameter_registration_hook,
+    torch.nn.modules.module.register_module_buffer_registration_hook,
+    torch.nn.modules.module.register_module_module_registration_hook,
+):
+    _register(_count_registration)
 
 
 class StateGuard:
@@ -77,36 +110,47 @@ class StateGuard:
         False
     """
 
-    __slots__ = ("check_process", "modules", "process", "trainings")
+    __slots__ = ("check_process", "modules", "process", "read", "trainings")
 
     def __init__(self, modules: Any = ()) -> None:
         self.process = GlobalStateGuard()
         self.check_process: Callable[[], bool] = self.process.check  # bound once: hits call it
         self.modules: tuple[torch.nn.Module, ...] = ()
-        self.trainings: tuple[bool, ...] = ()
+        self.trainings: tuple[tuple[bool, int], ...] = ()
+        self.read: Callable[[torch.nn.Module], tuple[bool, int]] = read_training
         self.watch(modules)
 
     def watch(self, modules: Any) -> None:
-        """Guard on the current ``training`` flag of each of ``modules`` too."""
+        """Guard on the current ``training`` flag and registrations of each of ``modules`` too."""
         known = {id(module) for module in self.modules}
         added = tuple(m for m in _unique(modules) if id(m) not in known)
+        for module in added:
+            module.__dict__.setdefault(REGISTRATIONS, 0)
         self.modules += added
-        self.trainings += tuple(map(read_training, added))
+        self.trainings += tuple(map(self.read, added))
+
+    def for_eager_calls(self) -> StateGuard:
+        """This guard, reading no registrations from now on: an entry that runs ``fn`` eagerly
+        reads whatever its modules hold at each call, and one whose function assigns a buffer
+        on every call (an EMA kept by rebinding) would otherwise trace again at every call."""
+        self.read = _read_mode
+        self.trainings = tuple(map(_read_mode, self.modules))
+        return self
 
     def check(self) -> bool:
         """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module)."""
-        return self.check_process() and tuple(map(read_training, self.modules)) == self.trainings
+        return self.check_process() and tuple(map(self.read, self.modules)) == self.trainings
 
     def failure(self) -> str:
         """Which part of the state differs now, for logs (empty if none)."""
         if not self.process.check():
             return f"process state ({self.process.reason()})"
         changed = [
-            type(m).__name__
+            f"{type(m).__name__}'s {'training flag' if m.training != was[0] else 'parameters'}"
             for m, was in zip(self.modules, self.trainings, strict=True)
-            if m.training != was
+            if self.read(m) != was
         ]
-        return f"training flag of {', '.join(changed)}" if changed else ""
+        return ", ".join(changed)
 
 
 def same_kind_check(

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fxviews.guards import global_names
+from fxviews.guards import REGISTRATIONS, global_names
 from fxviews.passes.source_lines import internal_module
 
 __all__ = ["Rebinding"]
@@ -64,7 +64,8 @@ class Rebinding:
                     getattr(owner, name)
                     for name in (_MODULE_DICTS if isinstance(owner, torch.nn.Module) else ())
                 ]:
-                    self._kept.append((whose, state, dict(state), True))
+                    kept = {k: v for k, v in state.items() if k != REGISTRATIONS}
+                    self._kept.append((whose, state, kept, True))
         for fn in functions:
             if isinstance(fn, types.FunctionType) and not internal_module(fn.__module__ or ""):
                 names = global_names(fn.__code__) & fn.__globals__.keys()
@@ -75,7 +76,8 @@ class Rebinding:
         """Put back every entry that changed since the copy; the changed ones, by name."""
         changed: set[str] = set()
         for whose, state, kept, whole in self._kept:
-            for key in [key for key in state if key not in kept] if whole else []:
+            # A guard's registration count (set on the modules a trace finds) is fxviews' own.
+            for key in [k for k in state if k not in kept and k != REGISTRATIONS] if whole else []:
                 changed.add(_spelled(whose, key))
                 del state[key]
             for key, value in kept.items():

@@ -541,7 +541,12 @@ class _GraphCache:
                     err,
                     function_name(self.fn),
                 )
-                return _Entry(forward=None, guard=guard, keepalive=keepalive, eager_reason=str(err))
+                return _Entry(
+                    forward=None,
+                    guard=guard.for_eager_calls(),
+                    keepalive=keepalive,
+                    eager_reason=str(err),
+                )
             # Not the function's nature: a state not ready yet, or fxviews' limit. Eager decides
             # this call (its exception, if any, is the user's), and the next call traces again.
             raise _TraceLater(str(err)) from err

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
+import torch.nn.utils.prune
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -853,6 +854,59 @@ def test_rebound_globals_and_argument_attributes_follow_eager(caplog) -> None:
         runs.append([(fn(x), stepper(carried, x), TOTAL, carried.h) for _ in range(3)])
     torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
     assert "rebinds global TOTAL" in caplog.text and "rebinds Carried.h" in caplog.text
+
+
+def _replace_weight(model: nn.Sequential) -> None:
+    model[0].weight = nn.Parameter(torch.randn_like(model[0].weight))
+
+
+def _load_assigning(model: nn.Sequential) -> None:
+    model.load_state_dict(copy.deepcopy(_small_net()).state_dict(), assign=True)
+
+
+def _prune(model: nn.Sequential) -> None:
+    torch.nn.utils.prune.l1_unstructured(model[0], "weight", amount=0.5)
+
+
+def _weight_norm(model: nn.Sequential) -> None:
+    torch.nn.utils.parametrizations.weight_norm(model[2])
+
+
+def _swap_activation(model: nn.Sequential) -> None:
+    model[1] = nn.Tanh()
+
+
+def _small_net() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize(
+    "replace", [_replace_weight, _load_assigning, _prune, _weight_norm, _swap_activation]
+)
+def test_a_parameter_or_submodule_assigned_anew_is_seen(replace: Callable[[nn.Module], None]):
+    # The graph holds the tensors it read by reference: after an assignment it would read the
+    # old ones, and gradients would land on them. The modules' registration hooks count the
+    # assignment, and the guard reads the count.
+    torch.manual_seed(0)
+    model = _small_net()
+    twin = copy.deepcopy(model)
+    tf = fxviews.transform(model)
+    x = torch.randn(5, 3)
+    for _ in range(2):
+        assert_tree_close(tf(x), twin(x))
+    for net in (model, twin):
+        torch.manual_seed(1)
+        replace(net)
+    for _ in range(2):
+        got, want = tf(x), twin(x)
+        assert_tree_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+    grads = [[p.grad for p in net.parameters()] for net in (model, twin)]
+    assert_tree_close(grads[0], grads[1])
+    # One trace before, one after; pruning's pre-hook rebinds the weight on every call, which
+    # a trace refuses (Note [Python state a trace rebinds]): it traces once more, then runs eagerly.
+    assert tf.cache_info().misses == (3 if replace is _prune else 2)
 
 
 def test_lazy_module_under_strict_says_why() -> None:
