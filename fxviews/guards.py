@@ -31,13 +31,18 @@ finds the entry made for the state now in force):
    ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_`` are
    none (the graph reads the same object, as eager does), and neither is a change of a held
    tensor's layout (``model.to(memory_format=...)`` swaps ``.data``): see docs/guards.md.
+4. **What its code reads by name**: the module-level names the code of ``fn`` (and of the
+   functions it reaches) reads, and its closure cells, each with the object it held when
+   traced; modules and classes aside. A graph holds what they held by reference, or baked
+   in: a functional update ``W = W - lr * g`` of a global, a learning rate rebound, a
+   ``nonlocal`` rebinding. Checked by identity (``operator.is_`` mapped in C, ~40 ns a name).
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
 (autograd reads it at run time on the real tensors; only a Python branch on it would be baked
-in), and other Python state ``fn`` reads (globals, attributes other than ``training``): a
-function that branches on those must be called through a fresh ``transform`` or cleared with
-``cache_clear()`` when they change.
+in), and other Python state ``fn`` reads (attributes other than ``training``, the contents of
+a list or dict): a function that branches on those must be called through a fresh
+``transform`` or cleared with ``cache_clear()`` when they change.
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ REGISTRATIONS = "_fxviews_registrations"
 #: Reads a watched module's ``training`` flag and registration count: ``map`` over a tuple of
 #: modules with it is the cheapest loop Python has for the check on every cache hit.
 read_training = operator.attrgetter("training", REGISTRATIONS)
+
+
+_read_cell = operator.attrgetter("cell_contents")
+
+
+def _is_data(value: Any) -> bool:
+    """Whether a name holding ``value`` is one a graph may have read (item 4): anything but a
+    module of code or a class, which code reads for their functions."""
+    return not isinstance(value, (types.ModuleType, type))
 
 
 def _read_mode(module: torch.nn.Module) -> tuple[bool, int]:
@@ -110,7 +124,19 @@ class StateGuard:
         False
     """
 
-    __slots__ = ("check_process", "modules", "process", "read", "trainings")
+    __slots__ = (
+        "bound",
+        "cell_values",
+        "cells",
+        "check_process",
+        "global_values",
+        "globals",
+        "modules",
+        "names",
+        "process",
+        "read",
+        "trainings",
+    )
 
     def __init__(self, modules: Any = ()) -> None:
         self.process = GlobalStateGuard()
@@ -119,6 +145,42 @@ class StateGuard:
         self.trainings: tuple[tuple[bool, int], ...] = ()
         self.read: Callable[[torch.nn.Module], tuple[bool, int]] = read_training
         self.watch(modules)
+        # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
+        # what they held; whether there is any.
+        self.globals: tuple[dict[str, Any], ...] = ()
+        self.names: tuple[str, ...] = ()
+        self.global_values: tuple[Any, ...] = ()
+        self.cells: tuple[Any, ...] = ()
+        self.cell_values: tuple[Any, ...] = ()
+        self.bound = False
+
+    def watch_bindings(self, reached: Iterable[Any]) -> None:
+        """Guard on the objects the names and closure cells of the functions among ``reached``
+        (what :func:`reachable_objects` found) hold now (item 4 of the Note)."""
+        named: dict[tuple[int, str], tuple[dict[str, Any], str, Any]] = {}
+        cells: dict[int, tuple[Any, Any]] = {}
+        for fn in reached:
+            if not isinstance(fn, types.FunctionType) or internal_module(fn.__module__ or ""):
+                continue
+            for name in global_names(fn.__code__) & fn.__globals__.keys():
+                if _is_data(fn.__globals__[name]):
+                    named[id(fn.__globals__), name] = (fn.__globals__, name, fn.__globals__[name])
+            for cell in fn.__closure__ or ():
+                with contextlib.suppress(ValueError):  # an unassigned cell
+                    if _is_data(cell.cell_contents):
+                        cells[id(cell)] = (cell, cell.cell_contents)
+        if named:
+            rows = zip(*named.values(), strict=True)
+            self.globals, self.names, self.global_values = map(tuple, rows)
+        if cells:
+            self.cells, self.cell_values = map(tuple, zip(*cells.values(), strict=True))
+        self.bound = bool(named or cells)
+
+    def bindings_hold(self) -> bool:
+        """Whether every name and cell item 4 watches holds what it held when traced."""
+        return all(
+            map(operator.is_, map(dict.get, self.globals, self.names), self.global_values)
+        ) and all(map(operator.is_, map(_read_cell, self.cells), self.cell_values))
 
     def watch(self, modules: Any) -> None:
         """Guard on the current ``training`` flag and registrations of each of ``modules`` too."""
@@ -135,11 +197,17 @@ class StateGuard:
         on every call (an EMA kept by rebinding) would otherwise trace again at every call."""
         self.read = _read_mode
         self.trainings = tuple(map(_read_mode, self.modules))
+        self.bound = False  # eager calls read every name afresh
         return self
 
     def check(self) -> bool:
-        """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module)."""
-        return self.check_process() and tuple(map(self.read, self.modules)) == self.trainings
+        """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module,
+        ~40 ns a name)."""
+        return (
+            self.check_process()
+            and tuple(map(self.read, self.modules)) == self.trainings
+            and (not self.bound or self.bindings_hold())
+        )
 
     def failure(self) -> str:
         """Which part of the state differs now, for logs (empty if none)."""
@@ -150,6 +218,8 @@ class StateGuard:
             for m, was in zip(self.modules, self.trainings, strict=True)
             if self.read(m) != was
         ]
+        if self.bound and not self.bindings_hold():
+            changed.append("a name or closure cell the function reads now holds another object")
         return ", ".join(changed)
 
 

@@ -278,8 +278,10 @@ def transform(
                 return cache.call(args, kwargs)
         guard = entry.guard
         # StateGuard.check, written out.
-        if not guard.check_process() or (
-            guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings
+        if (
+            not guard.check_process()
+            or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
+            or (guard.bound and not guard.bindings_hold())
         ):
             return cache.call(args, kwargs)
         cache.hits += 1
@@ -551,6 +553,7 @@ class _GraphCache:
             # this call (its exception, if any, is the user's), and the next call traces again.
             raise _TraceLater(str(err)) from err
         guard.watch(modules)
+        guard.watch_bindings(reached)
         return entry
 
     def _build_graph_keeping_state(

@@ -909,6 +909,44 @@ def test_a_parameter_or_submodule_assigned_anew_is_seen(replace: Callable[[nn.Mo
     assert tf.cache_info().misses == (3 if replace is _prune else 2)
 
 
+WEIGHT = torch.eye(3)
+RATE = 0.1
+MODEL = nn.Linear(3, 3)
+
+
+def functional_step(x: torch.Tensor) -> torch.Tensor:
+    return x @ WEIGHT * RATE + MODEL(x)
+
+
+def test_names_and_closure_cells_rebound_between_calls_are_seen() -> None:
+    # A JAX-style update rebinds the global (W = W - lr * g), a schedule rebinds the rate, a
+    # model is replaced: the graph held the old objects. Names are checked by identity.
+    global WEIGHT, RATE, MODEL  # noqa: PLW0603 - the pattern under test
+    tf = fxviews.transform(functional_step)
+    x = torch.randn(2, 3)
+    for rebind in (
+        lambda: None,
+        lambda: globals().update(WEIGHT=WEIGHT - 0.5),
+        lambda: globals().update(RATE=0.01),
+        lambda: globals().update(MODEL=nn.Linear(3, 3)),
+        lambda: None,
+    ):
+        rebind()
+        assert_tree_close(tf(x), functional_step(x))
+    assert tf.cache_info().misses == 4 and tf.cache_info().hits == 1
+
+    scale = torch.ones(3)
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * scale
+
+    tf = fxviews.transform(scaled)
+    for _ in range(2):
+        assert_tree_close(tf(x), scaled(x))
+        scale = scale * 2  # a nonlocal rebinding: the cell holds a new tensor
+    assert_tree_close(tf(x), scaled(x))
+
+
 def test_lazy_module_under_strict_says_why() -> None:
     tf = fxviews.transform(nn.LazyLinear(3), strict=True)
     with pytest.raises(fxviews.TracingError, match="lazy modules"):
