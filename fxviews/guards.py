@@ -62,7 +62,7 @@ from fxviews.passes.torch_internals import GlobalStateGuard, TensorGuards
 __all__ = [
     "ModuleCalls",
     "StateGuard",
-    "global_names",
+    "read_globals",
     "reachable_generators",
     "reachable_objects",
     "same_kind_check",
@@ -159,10 +159,8 @@ class StateGuard:
         (what :func:`reachable_objects` found) hold now (item 4 of the Note)."""
         named: dict[tuple[int, str], tuple[dict[str, Any], str, Any]] = {}
         cells: dict[int, tuple[Any, Any]] = {}
-        for fn in reached:
-            if not isinstance(fn, types.FunctionType) or internal_module(fn.__module__ or ""):
-                continue
-            for name in global_names(fn.__code__) & fn.__globals__.keys():
+        for fn, names in read_globals(reached):
+            for name in names:
                 if _is_data(fn.__globals__[name]):
                     named[id(fn.__globals__), name] = (fn.__globals__, name, fn.__globals__[name])
             for cell in fn.__closure__ or ():
@@ -354,17 +352,31 @@ def _function_references(fn: types.FunctionType) -> list[Any]:
             found.append(cell.cell_contents)
     found += fn.__defaults__ or ()
     found += (fn.__kwdefaults__ or {}).values()
-    names = global_names(fn.__code__)
+    names = _global_names(fn.__code__)
     found += [fn.__globals__[name] for name in names if name in fn.__globals__]
     return found
 
 
-def global_names(code: types.CodeType) -> set[str]:
+def read_globals(reached: Iterable[Any]) -> Iterator[tuple[types.FunctionType, set[str]]]:
+    """Each of the user's functions among ``reached`` (PyTorch's and fxviews' left out), with
+    the module-level names its code reads that its globals hold.
+
+    Example::
+
+        >>> [sorted(names) for _, names in read_globals([lambda x: x @ W])]
+        [['W']]
+    """
+    for fn in reached:
+        if isinstance(fn, types.FunctionType) and not internal_module(fn.__module__ or ""):
+            yield fn, _global_names(fn.__code__) & fn.__globals__.keys()
+
+
+def _global_names(code: types.CodeType) -> set[str]:
     """The names ``code`` and the code of functions defined in it may read as globals."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= global_names(const)
+            names |= _global_names(const)
     return names
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fxviews.guards import REGISTRATIONS, global_names
+from fxviews.guards import REGISTRATIONS, read_globals
 from fxviews.passes.source_lines import internal_module
 
 __all__ = ["Rebinding"]
@@ -66,11 +66,9 @@ class Rebinding:
                 ]:
                     kept = {k: v for k, v in state.items() if k != REGISTRATIONS}
                     self._kept.append((whose, state, kept, True))
-        for fn in functions:
-            if isinstance(fn, types.FunctionType) and not internal_module(fn.__module__ or ""):
-                names = global_names(fn.__code__) & fn.__globals__.keys()
-                kept = {name: fn.__globals__[name] for name in names}
-                self._kept.append(("global", fn.__globals__, kept, False))
+        for fn, names in read_globals(functions):
+            kept = {name: fn.__globals__[name] for name in names}
+            self._kept.append(("global", fn.__globals__, kept, False))
 
     def undo(self) -> list[str]:
         """Put back every entry that changed since the copy; the changed ones, by name."""
