@@ -154,8 +154,9 @@ class TracingError(FxViewsError):
     ``"closure over a transformed tensor"``, ``"autograd"`` (an autograd-level construct a
     graph cannot keep: a hook, ``backward()``, ...; Note [What autograd sees is part of the
     trace]), ``"lazy conjugate"`` (``transform`` called with a tensor whose conjugate or
-    negative bit is set), ``"rebinds Python state"`` (``self.avg = ...`` or a global assigned
-    while ``fn`` runs: Note [Python state a trace rebinds]), ``"random state"`` (random state
+    negative bit is set), ``"rebinds Python state"`` (``self.avg = ...``, a global or a closure
+    cell assigned, or a list or dict written while ``fn`` runs: Note [Python state a trace
+    rebinds]), ``"random state"`` (random state
     set from Python, or a generator made by ``fn``: Note [Random state set from Python]),
     ``"lazy module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor
     real tracing could run).

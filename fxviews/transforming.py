@@ -119,7 +119,7 @@ from fxviews.passes.torch_internals import (
     temporarily_clear_interpreter_stack,
 )
 from fxviews.printouts import logger, report_rewrite
-from fxviews.python_state import Rebinding
+from fxviews.python_state import ArgumentContainers, Rebinding, why_refused
 from fxviews.rebuilding import Rebuilder, output_rebuilder
 from fxviews.recording import reads_values_into_shape
 from fxviews.rewriting import rewrite
@@ -565,27 +565,24 @@ class _GraphCache:
         reached: list[Any],
         generators: list[torch.Generator],
     ) -> _Entry:
-        """:meth:`_build_graph`, refusing a trace that rebinds Python state ``fn`` reaches, which
-        the graph cannot replay (Note [Python state a trace rebinds]); whatever the trace
-        rebound is put back, so the call runs as eager does. The first refusal of a function
-        traces again at the next call (a lazy ``if self.buf is None: self.buf = ...`` rebinds
-        once); a second one is its nature: it runs eagerly for this signature."""
+        """:meth:`_build_graph`, refusing a trace that rebinds or changes Python state ``fn``
+        reaches or is passed, which the graph cannot replay (Note [Python state a trace
+        rebinds]); whatever the trace changed is put back, so the call runs as eager does.
+        The first refusal of a function traces again at the next call (a lazy ``if self.buf
+        is None: self.buf = ...`` rebinds once); a second one is its nature: it runs eagerly
+        for this signature."""
         rebinding = Rebinding([*reached, *leaves], reached)
+        in_arguments: set[str] = set()
         try:
-            entry = self._build_graph(spec, leaves, keepalive, guard, generators)
+            entry = self._build_graph(spec, leaves, keepalive, guard, generators, in_arguments)
         except TracingError:
             rebinding.undo()
             raise
-        rebound = rebinding.undo()
-        if not rebound:
+        changed = rebinding.undo() + sorted(in_arguments)
+        if not changed:
             return entry
-        name = function_name(self.fn)
-        message = (
-            f"fxviews.transform cannot trace {name}{definition_line(self.fn)}: it rebinds "
-            f"{', '.join(rebound)} while it runs, which a graph cannot replay (the attribute "
-            f"would keep the trace's value). Write into the tensor in place "
-            f"(self.avg.mul_(0.5).add_(x) for self.avg = self.avg * 0.5 + x) to have it traced."
-        )
+        where = f"{function_name(self.fn)}{definition_line(self.fn)}"
+        message = f"fxviews.transform cannot trace {where}: {why_refused(changed)}"
         if self.rebinds:
             raise TracingError(message, "rebinds Python state")
         self.rebinds = True
@@ -598,9 +595,12 @@ class _GraphCache:
         keepalive: tuple[Any, ...],
         guard: StateGuard,
         generators: list[torch.Generator],
+        changed_arguments: set[str],
     ) -> _Entry:
         """Trace and rewrite ``fn``'s graph for this signature; ``generators``: those of the
-        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork])."""
+        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork]); the
+        containers among its arguments a run of ``fn`` changes are added to
+        ``changed_arguments`` (Note [Python state a trace rebinds])."""
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
         # and must not keep this call's tensors alive.
@@ -612,7 +612,9 @@ class _GraphCache:
             for position, tensor in zip(positions, tensors, strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
+            containers = ArgumentContainers(self.fn, args, kwargs)
             out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))
+            changed_arguments.update(containers.changed())
             out_info["from_graph"] = tuple(isinstance(o, _GRAPH_OUTPUT_TYPES) for o in out_leaves)
             out_info["constants"] = tuple(
                 o for o in out_leaves if not isinstance(o, _GRAPH_OUTPUT_TYPES)

@@ -478,11 +478,11 @@ def test_cache_hits_for_same_signature_and_inside_vmap():
     assert tf.cache_info().hits == 2 and tf.cache_info().misses == 1
 
 
-def test_cache_keys_on_shape_dtype_and_non_tensor_values():
-    calls = []
-
+def test_cache_keys_on_shape_dtype_and_non_tensor_values(capsys: pytest.CaptureFixture[str]):
+    # Each trace runs fn once, and fn's print with it (a Python side effect happens at trace
+    # time only; a list it appended to would make the trace refused).
     def fn(x, scale, *, mode):
-        calls.append(1)
+        print("traced")
         return x * scale if mode == "mul" else x + scale
 
     tf = fxviews.transform(fn)
@@ -493,7 +493,7 @@ def test_cache_keys_on_shape_dtype_and_non_tensor_values():
     tf(x.double(), 2, mode="mul")
     tf(torch.ones(3), 2, mode="mul")
     tf(x, 2, mode="mul")
-    assert len(calls) == 5
+    assert capsys.readouterr().out.split() == ["traced"] * 5
     assert tf.cache_info() == (1, 5, 32, 5, 0)  # hits, misses, maxsize, currsize, eager
 
 
@@ -571,11 +571,9 @@ def test_cache_is_bounded_lru():
     assert tf.cache_info() == (0, 0, 2, 0, 0)
 
 
-def test_cache_keys_on_device():
-    calls = []
-
+def test_cache_keys_on_device(capsys: pytest.CaptureFixture[str]):
     def double(x):
-        calls.append(x.device)
+        print(x.device.type)
         return x * 2
 
     tf = fxviews.transform(double)
@@ -583,17 +581,16 @@ def test_cache_keys_on_device():
     on_meta = tf(torch.ones(2, device="meta"))
     assert on_meta.device.type == "meta" and on_meta.shape == (2,)
     tf(torch.ones(2))
-    assert [d.type for d in calls] == ["cpu", "meta"]
+    assert capsys.readouterr().out.split() == ["cpu", "meta"]
     assert tf.cache_info()[:2] == (1, 2)
 
 
-def test_lru_counts_every_hit_of_both_key_kinds():
+def test_lru_counts_every_hit_of_both_key_kinds(capsys: pytest.CaptureFixture[str]):
     """Positional-tensor calls (the inline hit) and keyword calls (the general key) share one
     LRU order; a run of hits on one signature keeps it the most recently used."""
-    traced = []
 
     def scaled(x, scale=1):
-        traced.append((x.shape[0], scale))
+        print(x.shape[0], scale)
         return x * scale
 
     tf = fxviews.transform(scaled, cache_size=2)
@@ -605,7 +602,7 @@ def test_lru_counts_every_hit_of_both_key_kinds():
     tf(a, scale=3)  # traced again; evicts b, now the least recently used
     tf(a)
     tf(b)
-    assert traced == [(1, 1), (1, 3), (2, 1), (1, 3), (2, 1)]
+    assert capsys.readouterr().out.splitlines() == ["1 1", "1 3", "2 1", "1 3", "2 1"]
     assert tf.cache_info() == (4, 5, 2, 2, 0)
 
 
@@ -613,21 +610,21 @@ class _Marked(torch.Tensor):
     """A tensor subclass with nothing of its own, as a user's marker class is."""
 
 
-def test_hot_call_serves_only_tensors_of_its_signature():
+def test_hot_call_serves_only_tensors_of_its_signature(capsys: pytest.CaptureFixture[str]):
     """The hot call (the entry the last positional call ran, checked in C++) hands a call to
     the keyed lookup whenever its tensors differ in anything the key holds (strides: Note [The
     layout of a call]; requires_grad: the trace's tensors require grad where the call's do;
     being an nn.Parameter, which isinstance sees), and still serves tensors that differ only in
     what the key leaves out (another subclass). Each call is compared with eager, and each
-    trace with the signatures seen so far."""
-    traced = []
+    trace with the signatures seen so far (each trace prints what it sees)."""
 
     def scaled(x, y):
-        traced.append((tuple(x.shape), x.dtype, x.device.type, y.dim(), x.stride()))
+        print((tuple(x.shape), x.dtype, x.device.type, y.dim(), x.stride()))
         return x.sum(-1, keepdim=True) * y
 
     tf = fxviews.transform(scaled)
     x, y = torch.randn(2, 3), torch.randn(2, 1)
+    traced: list[str] = []
     calls = [
         (x, y),
         (x, y),  # the hot call
@@ -643,21 +640,26 @@ def test_hot_call_serves_only_tensors_of_its_signature():
         (x, y),
     ]
     for args in calls:
-        got, want = tf(*args), scaled(*args)
-        traced.pop()  # the eager reference's own entry
+        got = tf(*args)
+        traced += capsys.readouterr().out.splitlines()
+        want = scaled(*args)
+        capsys.readouterr()  # the eager reference's own line
         assert got.shape == want.shape and got.dtype == want.dtype
         assert got.device == want.device and got.requires_grad == want.requires_grad
         if got.device.type != "meta":
             torch.testing.assert_close(got, want)
     assert traced == [
-        ((2, 3), torch.float32, "cpu", 2, (3, 1)),
-        ((3, 3), torch.float32, "cpu", 2, (3, 1)),
-        ((2, 3), torch.float64, "cpu", 2, (3, 1)),
-        ((2, 3), torch.float32, "meta", 2, (3, 1)),
-        ((2, 3), torch.float32, "cpu", 1, (3, 1)),
-        ((2, 3), torch.float32, "cpu", 2, (1, 2)),  # traced on the call's own layout
-        ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # requiring grad
-        ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # a Parameter
+        str(signature)
+        for signature in [
+            ((2, 3), torch.float32, "cpu", 2, (3, 1)),
+            ((3, 3), torch.float32, "cpu", 2, (3, 1)),
+            ((2, 3), torch.float64, "cpu", 2, (3, 1)),
+            ((2, 3), torch.float32, "meta", 2, (3, 1)),
+            ((2, 3), torch.float32, "cpu", 1, (3, 1)),
+            ((2, 3), torch.float32, "cpu", 2, (1, 2)),  # traced on the call's own layout
+            ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # requiring grad
+            ((2, 3), torch.float32, "cpu", 2, (3, 1)),  # a Parameter
+        ]
     ]
     assert tf.cache_info()[:2] == (len(calls) - len(traced), len(traced))
     leaf = x.clone().requires_grad_()
@@ -665,19 +667,20 @@ def test_hot_call_serves_only_tensors_of_its_signature():
     torch.testing.assert_close(grad, y.expand(2, 3))
 
 
-def test_hot_call_of_an_evicted_or_cleared_entry_traces_again():
-    traced = []
+def test_hot_call_of_an_evicted_or_cleared_entry_traces_again(capsys: pytest.CaptureFixture[str]):
+    def traced() -> list[str]:
+        return capsys.readouterr().out.split()
 
     def double(x):
-        traced.append(x.shape[0])
+        print(x.shape[0])
         return x * 2
 
     tf = fxviews.transform(double, cache_size=1)
     a, b = torch.ones(1), torch.ones(2)
     tf(a), tf(a), tf(b), tf(a)  # b evicts a, the hot entry; a evicts b
-    assert traced == [1, 2, 1] and tf.cache_info().currsize == 1
+    assert traced() == ["1", "2", "1"] and tf.cache_info().currsize == 1
     tf.cache_clear()
-    assert torch.equal(tf(a), a * 2) and traced == [1, 2, 1, 1]
+    assert torch.equal(tf(a), a * 2) and traced() == ["1"]
 
 
 def test_unhashable_non_tensor_argument_is_keyed_by_identity():
