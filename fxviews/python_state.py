@@ -1,5 +1,6 @@
 """Python state a trace rebinds or changes: attributes, globals, closure cells, the lists,
-dicts, sets and deques ``fn`` reaches or is passed, and Python's and NumPy's random streams.
+dicts, sets and deques ``fn`` reaches or is passed, Python's and NumPy's random streams, and
+the iterators it reaches.
 
 Note [Python state a trace rebinds]
 -----------------------------------
@@ -12,7 +13,9 @@ cached graph reads the tensor the attribute held when it was traced, the attribu
 trace's value, the list holds one trace-time tensor, and a dict of the caller's is never
 written at all (the trace ran on a copy ``pytree`` rebuilt). A memo in a mutable default
 (``def f(x, cache={})``) even changes the numbers: the graph recomputes what eager reads back.
-A draw from Python's ``random`` or NumPy's random state (``random.random() < eps`` in an
+An item taken from an iterator (``next(self.batches)``) is baked in too, and lost: it cannot
+be put back, so a function that reaches an iterator is not traced at all. A draw from Python's
+``random`` or NumPy's random state (``random.random() < eps`` in an
 epsilon-greedy policy, ``np.random.randn()`` as a jitter) is baked into the graph as the
 number the trace drew. Eager does each of these on every call. In-place writes
 (``self.avg.mul_(0.5).add_(x)``) are ops, and are recorded.
@@ -114,6 +117,10 @@ class Rebinding:
             roots += _closure_and_defaults(fn, self._cells)
         roots += [("that the function reaches{}", obj) for obj in objects]
         self._containers = list(_containers_under(roots))
+        #: The iterators among them, named: a trace would take an item, which cannot be put
+        #: back, so a function reaching one is not traced at all.
+        iterators = [(name.format(""), obj) for name, obj in roots if _is_iterator(obj)]
+        self.iterators = sorted({f"the {type(obj).__name__} {name}" for name, obj in iterators})
         # (the stream's name, its state as it was, how to read it, how to set it)
         self._streams = [(name, get(), get, put) for name, get, put in _random_streams(roots)]
 
@@ -187,17 +194,20 @@ class ArgumentContainers:
         ]
 
 
-def why_refused(changes: list[str]) -> str:
-    """What a trace refused for ``changes`` (:meth:`Rebinding.undo`'s and
-    :meth:`ArgumentContainers.changed`'s words) did, and what to write instead.
+def why_refused(where: str, changes: list[str]) -> str:
+    """Why the function ``where`` (its name and line) is not traced, for ``changes``
+    (:meth:`Rebinding.undo`'s and :meth:`ArgumentContainers.changed`'s words, or "reaches" an
+    iterator), and what to write instead.
 
     Example::
 
-        >>> why_refused(["changes the list global losses"])
-        'it changes the list global losses while it runs, which a graph cannot replay ...'
+        >>> why_refused("loss (train.py:12)", ["changes the list global losses"])
+        'fxviews.transform cannot trace loss (train.py:12): it changes the list global ...'
     """
     what = " and ".join([", ".join(changes[:-1]), changes[-1]] if len(changes) > 1 else changes)
     advice = []
+    if any(change.startswith("reaches") for change in changes):
+        advice.append("take the item outside and pass it in as an argument (f(w, next(it)))")
     if any(change.startswith("rebinds") for change in changes):
         advice.append(
             "keep a tensor and write into it in place (self.avg.mul_(0.5).add_(x) for "
@@ -211,9 +221,9 @@ def why_refused(changes: list[str]) -> str:
             "those), or pass the drawn value in as an argument"
         )
     return (
-        f"it {what} while it runs, which a graph cannot replay (it would keep what the trace "
-        f"wrote or drew, and later calls would do neither). To have it traced, "
-        f"{'; '.join(advice)}."
+        f"fxviews.transform cannot trace {where}: it {what}, which a graph cannot replay (it "
+        f"would keep what the trace wrote, drew or took, and later calls would do none of "
+        f"it). To have it traced, {'; '.join(advice)}."
     )
 
 
@@ -276,6 +286,14 @@ def _random_streams(
             read = partial(getattr, bits, "state")
             streams.append((f"the {kind} {spelled}", read, partial(setattr, bits, "state")))
     return streams
+
+
+def _is_iterator(obj: Any) -> bool:
+    """Whether ``obj`` hands out items with ``next`` (a generator, ``iter(list)``, a data
+    loader's iterator, a file): not a tensor or module, which only iterate when asked to."""
+    return isinstance(obj, collections.abc.Iterator) and not isinstance(
+        obj, (torch.Tensor, torch.nn.Module)
+    )
 
 
 def _same_state(now: Any, before: Any) -> bool:

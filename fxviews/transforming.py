@@ -572,17 +572,18 @@ class _GraphCache:
         is None: self.buf = ...`` rebinds once); a second one is its nature: it runs eagerly
         for this signature."""
         rebinding = Rebinding([*reached, *leaves], reached)
+        changed = [f"reaches {iterator}" for iterator in rebinding.iterators]
         in_arguments: set[str] = set()
-        try:
-            entry = self._build_graph(spec, leaves, keepalive, guard, generators, in_arguments)
-        except TracingError:
-            rebinding.undo()
-            raise
-        changed = rebinding.undo() + sorted(in_arguments)
-        if not changed:
-            return entry
-        where = f"{function_name(self.fn)}{definition_line(self.fn)}"
-        message = f"fxviews.transform cannot trace {where}: {why_refused(changed)}"
+        if not changed:  # an iterator's item, once taken, cannot be put back: no trace
+            try:
+                entry = self._build_graph(spec, leaves, keepalive, guard, generators, in_arguments)
+            except TracingError:
+                rebinding.undo()
+                raise
+            changed = rebinding.undo() + sorted(in_arguments)
+            if not changed:
+                return entry
+        message = why_refused(f"{function_name(self.fn)}{definition_line(self.fn)}", changed)
         if self.rebinds:
             raise TracingError(message, "rebinds Python state")
         self.rebinds = True
@@ -598,9 +599,8 @@ class _GraphCache:
         changed_arguments: set[str],
     ) -> _Entry:
         """Trace and rewrite ``fn``'s graph for this signature; ``generators``: those of the
-        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork]); the
-        containers among its arguments a run of ``fn`` changes are added to
-        ``changed_arguments`` (Note [Python state a trace rebinds])."""
+        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork]); what a
+        run of ``fn`` changes in its arguments goes to ``changed_arguments``."""
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
         # and must not keep this call's tensors alive.

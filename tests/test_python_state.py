@@ -1,5 +1,6 @@
 """Python state ``fn`` changes while it runs: lists it logs into, dicts it caches in or is
-passed, sets, deques, closure cells, mutable defaults, and Python's and NumPy's random streams (Note [Python state a trace rebinds],
+passed, sets, deques, closure cells, mutable defaults, Python's and NumPy's random streams,
+and iterators it takes items from (Note [Python state a trace rebinds],
 ``fxviews/python_state.py``).
 
 A graph cannot replay a Python statement: traced once, ``losses.append(loss)`` would run once.
@@ -11,6 +12,7 @@ eager's; programs that only read their containers must still get a graph.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import logging
 import random
 from collections.abc import Callable
@@ -138,6 +140,28 @@ def python_random() -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[], A
     return explorer, (), streams
 
 
+def batches() -> collections.abc.Iterator[torch.Tensor]:
+    for i in range(8):
+        yield torch.full((4,), float(i))
+
+
+class Streaming(nn.Module):
+    """A step that takes its next batch from an iterator it holds: each call takes another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.source = batches()
+        self.spare = iter([torch.ones(4) * i for i in range(8)])
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return (w * next(self.source)).sum() + next(self.spare).sum()
+
+
+def iterators() -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[], Any]]:
+    model = Streaming()
+    return model, (), lambda: ()
+
+
 PROGRAMS: dict[str, Program] = {
     "global_logging": global_logging,
     "module_history": module_history,
@@ -146,6 +170,7 @@ PROGRAMS: dict[str, Program] = {
     "nonlocal_counter": nonlocal_counter,
     "default_memo": default_memo,
     "python_random": python_random,
+    "iterators": iterators,
 }
 
 
@@ -179,6 +204,7 @@ def test_the_message_names_the_function_the_state_and_what_to_write_instead(capl
         run(argument_dict, fxviews.transform, calls=1)
         run(argument_list, fxviews.transform, calls=1)
         run(python_random, fxviews.transform, calls=1)
+        run(iterators, fxviews.transform, calls=1)
     text = caplog.text
     line = global_logging.__code__.co_firstlineno + 3  # def loss
     assert f"cannot trace global_logging.<locals>.loss (tests/test_python_state.py:{line})" in text
@@ -195,11 +221,14 @@ def test_the_message_names_the_function_the_state_and_what_to_write_instead(capl
         "draws from Python's random module",
         "draws from NumPy's random state",
         "draws from the Generator Explorer.noise",
+        "reaches the generator Streaming.source",
+        "reaches the list_iterator Streaming.spare",
     ):
         assert changed in text
     assert "return what it logs, caches or updates, and store it after the call" in text
     assert "or pass the value in as an argument" in text
     assert "draw with torch (torch.rand" in text
+    assert "take the item outside and pass it in as an argument" in text
     assert "u0" not in text and "Eq(" not in text
 
 
