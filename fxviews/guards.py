@@ -317,7 +317,7 @@ def reachable_objects(fn: Callable[..., Any]) -> Iterator[Any]:
             pending += obj.values()
         elif isinstance(obj, types.MethodType):
             pending += [obj.__self__, obj.__func__]
-        elif isinstance(obj, types.FunctionType) and not internal_module(obj.__module__ or ""):
+        elif _users_function(obj):
             # PyTorch's and fxviews' own functions reach no module of the user's but through
             # their arguments: their globals would only lead through torch.
             pending += _function_references(obj)
@@ -367,8 +367,17 @@ def read_globals(reached: Iterable[Any]) -> Iterator[tuple[types.FunctionType, s
         [['W']]
     """
     for fn in reached:
-        if isinstance(fn, types.FunctionType) and not internal_module(fn.__module__ or ""):
+        if _users_function(fn):
             yield fn, _global_names(fn.__code__) & fn.__globals__.keys()
+
+
+def _users_function(obj: Any) -> bool:
+    """Whether ``obj`` is a Python function of the user's: defined in a module that is not
+    PyTorch's or fxviews' (read from its globals: ``functools.wraps``, as around a transformed
+    function, copies the user's ``__module__`` onto fxviews' own wrapper)."""
+    if not isinstance(obj, types.FunctionType):
+        return False
+    return not internal_module(obj.__globals__.get("__name__") or obj.__module__ or "")
 
 
 def _global_names(code: types.CodeType) -> set[str]:
