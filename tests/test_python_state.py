@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.func import grad, vmap
+from torch.func import grad, jvp, vjp, vmap
 
 import fxviews
 from tests.reference import assert_tree_close, per_sample_reference, stack_batched
@@ -273,8 +273,14 @@ def test_containers_only_read_keep_their_graph(fn: Callable[..., Any]) -> None:
     for in_dims in [(0,), (1,)]:
         actual = vmap(tf, in_dims=in_dims)(*stack_batched(samples, in_dims))
         assert_tree_close(actual, per_sample_reference(fn, samples, in_dims))
-    x = torch.randn(4)
-    assert_tree_close(grad(lambda x: tf(x).sum())(x), grad(lambda x: fn(x).sum())(x))
+    x, t = torch.randn(4), torch.randn(4)
+    for route in (
+        lambda f: grad(lambda x: f(x).sum())(x),
+        lambda f: jvp(f, (x,), (t,)),
+        lambda f: vjp(f, x)[1](t),
+        lambda f: vmap(grad(lambda x: f(x).sum()), in_dims=1)(torch.stack([x, t], dim=1)),
+    ):
+        assert_tree_close(route(tf), route(fn))
     assert tf.cache_info().eager == 0 and tf.cache_info().misses == 2
 
 
