@@ -1,10 +1,14 @@
-"""Argument checks: the command lines' types (``fxviews`` and its ``bench``), the API's flags."""
+"""Argument checks: the command lines' types (``fxviews`` and its ``bench``), the API's flags,
+a call of the user's function."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["check_flags", "positive_int"]
+__all__ = ["check_call", "check_flags", "positive_int"]
 
 
 def check_flags(caller: str, *, optional: bool = False, **flags: object) -> None:
@@ -42,3 +46,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def check_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str
+) -> None:
+    """Raise the TypeError of a call ``fn``'s signature does not accept (``name``: ``fn`` in
+    the message), before anything traces it.
+
+    Example::
+
+        >>> check_call(lambda x: x, (1, 2), {}, "double")
+        TypeError: double(): too many positional arguments
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): the trace will tell
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{name}(): {err}") from None

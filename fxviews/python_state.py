@@ -36,8 +36,11 @@ So, around the trace, :class:`Rebinding` keeps a shallow copy of the state ``fn`
 and :class:`ArgumentContainers` the structure of each argument as one run of ``fn`` got it.
 After the trace each entry is compared by identity. Whatever changed is put back (the trace's
 writes are not the call's: the call then runs as eager does), and the names of what changed
-say why the trace is refused. Not seen: containers reached only through an object that is
-not one of those (an attribute of a Python module, an item of a user object's list).
+say why the trace is refused. A trace that raises an exception of ``fn``'s own after writing
+such state is put back too, and the call runs eagerly: the writes and the exception are then
+eager's (under ``vmap``, the trace would have logged one sample where eager logs the batch).
+Not seen: containers reached only through an object that is not one of those (an attribute of
+a Python module, an item of a user object's list).
 
 Example::
 

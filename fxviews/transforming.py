@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -87,7 +86,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from fxviews.arguments import check_flags
+from fxviews.arguments import check_call, check_flags
 from fxviews.autograd_structure import restoring_grad_mode
 from fxviews.call_keys import leaf_key, positional_key
 from fxviews.call_layouts import (
@@ -431,7 +430,7 @@ class _GraphCache:
         if key is not None:
             entry = self._get(key, args)
             if entry is None:
-                _check_arguments(self.fn, args, kwargs)
+                check_call(self.fn, args, kwargs, function_name(self.fn))
                 entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
             return entry, args
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -439,7 +438,7 @@ class _GraphCache:
         key = (spec, tuple(leaf_key(leaf, keepalive) for leaf in leaves))
         entry = self._get(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
         if entry is None:
-            _check_arguments(self.fn, args, kwargs)
+            check_call(self.fn, args, kwargs, function_name(self.fn))
             entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
         return entry, [leaves[i] for i in entry.input_positions]
 
@@ -580,6 +579,10 @@ class _GraphCache:
             except TracingError:
                 rebinding.undo()
                 raise
+            except Exception as err:  # fn's own: the Python state it wrote first is eager's
+                if rebinding.undo() or in_arguments:
+                    raise _TraceLater(None) from err  # the call runs eagerly, and raises there
+                raise
             changed = rebinding.undo() + sorted(in_arguments)
             if not changed:
                 return entry
@@ -668,18 +671,6 @@ class _TraceLater(Exception):  # noqa: N818 - a signal, not an error users see
     def __init__(self, reason: str | None) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise the TypeError of a call ``fn``'s signature does not accept, before any trace."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature to read (some builtins): the trace will tell
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{function_name(fn)}(): {err}") from None
 
 
 def _modules_among(reached: list[Any]) -> list[torch.nn.Module]:

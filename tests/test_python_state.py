@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._C._functorch import is_batchedtensor
 from torch.func import grad, jvp, vjp, vmap
 
 import fxviews
@@ -293,3 +294,23 @@ def test_module_bookkeeping_a_first_call_changes_is_not_the_users() -> None:
     for _ in range(3):
         torch.testing.assert_close(tf(x), lazy(x))
     assert tf.cache_info().eager == 0 and tf.cache_info().currsize == 1
+
+
+def test_state_written_before_fn_raises_is_what_eager_writes() -> None:
+    # fn logs, then raises: under vmap eager logs the batched tensor (escaped), where the trace
+    # would have logged one sample's. The trace's write is put back and the call runs eagerly,
+    # so the log and the exception are eager's.
+    def logged(wrap: Callable[[Any], Any]) -> list[tuple[bool, tuple[int, ...]]]:
+        log: list[torch.Tensor] = []
+
+        def checked(x: torch.Tensor) -> torch.Tensor:
+            log.append(x.detach())
+            if x.shape[0] == 4:
+                raise ValueError("four features")
+            return x
+
+        with pytest.raises(ValueError, match="four features"):
+            vmap(wrap(checked), in_dims=1)(torch.randn(4, 3))
+        return [(is_batchedtensor(t), tuple(t.shape)) for t in log]
+
+    assert logged(fxviews.transform) == logged(lambda fn: fn) == [(True, (4,))]
