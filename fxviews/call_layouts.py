@@ -42,13 +42,14 @@ one trace.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from fxviews.guards import same_kind_check
-from fxviews.layout_decisions import OFFSET_READ
+from fxviews.layout_decisions import LAYOUT_READ, OFFSET_READ
 from fxviews.passes.op_tables import AS_STRIDED_OPS
 from fxviews.passes.torch_internals import (
     FakeTensor,
@@ -64,6 +65,7 @@ __all__ = [
     "fake_sample",
     "hot_check",
     "is_batched",
+    "layout_bound_constants",
     "layout_key",
     "offset_bound_inputs",
     "offsets_hold",
@@ -204,6 +206,38 @@ def offset_bound_inputs(gm: torch.fx.GraphModule) -> list[int]:
         if position is not None:
             bound.add(position)
     return sorted(bound)
+
+
+def layout_bound_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors ``gm`` holds (its ``get_attr`` constants: a module's parameters, a closed-over
+    tensor) whose layout the graph depends on: an ``as_strided``-family node reads their memory
+    through a view, or Python read their strides, contiguity or offset while it was traced.
+
+    ``model.to(memory_format=torch.channels_last)`` swaps such a parameter's ``.data`` for
+    another layout, under the same object: eager then reads other memory, or takes the other
+    branch, so ``transform``'s guard holds these tensors' strides and offsets.
+
+    Example::
+
+        >>> w = torch.randn(4, 4)
+        >>> layout_bound_constants(fxviews.trace(lambda x: x + w.as_strided((4,), (5,)), x))
+        [tensor(...)]  # w
+    """
+    constants = [node for node in gm.graph.nodes if node.op == "get_attr"]
+    storages = {_storage(node): node for node in constants}
+    storages.pop(None, None)
+    bound = {node for node in constants if node.meta.get(LAYOUT_READ)}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in AS_STRIDED_OPS:
+            read = node.args[0]
+            if isinstance(read, torch.fx.Node) and _storage(read) in storages:
+                bound.add(storages[_storage(read)])
+    tensors: list[Any] = [
+        functools.reduce(getattr, str(node.target).split("."), gm)
+        for node in constants
+        if node in bound
+    ]
+    return [t for t in tensors if isinstance(t, torch.Tensor) and t.layout == torch.strided]
 
 
 def _storage(node: torch.fx.Node) -> int | None:

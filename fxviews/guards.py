@@ -29,13 +29,19 @@ finds the entry made for the state now in force):
    goes through ``nn.Module``'s registration hooks; the global ones fxviews installs count
    them up in each watched module's ``__dict__`` (:data:`REGISTRATIONS`), read with
    ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_`` are
-   none (the graph reads the same object, as eager does), and neither is a change of a held
-   tensor's layout (``model.to(memory_format=...)`` swaps ``.data``): see docs/guards.md.
+   none (the graph reads the same object, as eager does); a change of layout is item 5's.
 4. **What its code reads by name**: the module-level names the code of ``fn`` (and of the
    functions it reaches) reads, and its closure cells, each with the object it held when
    traced; modules and classes aside. A graph holds what they held by reference, or baked
    in: a functional update ``W = W - lr * g`` of a global, a learning rate rebound, a
    ``nonlocal`` rebinding. Checked by identity (``operator.is_`` mapped in C, ~40 ns a name).
+5. **The layout of what it holds, where the graph depends on it**: a held tensor (a
+   parameter, a closed-over tensor) whose memory an ``as_strided`` reads, or whose strides,
+   contiguity or offset Python read while it was recorded (:func:`fxviews.call_layouts.
+   layout_bound_constants`). ``model.to(memory_format=torch.channels_last)`` swaps such a
+   parameter's ``.data`` under the same object: eager then reads other memory, or takes the
+   other branch. Its strides and offset are compared on every call (~0.3 us a tensor; most
+   graphs hold none).
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
@@ -131,6 +137,7 @@ class StateGuard:
         "check_process",
         "global_values",
         "globals",
+        "held",
         "modules",
         "names",
         "process",
@@ -152,6 +159,9 @@ class StateGuard:
         self.global_values: tuple[Any, ...] = ()
         self.cells: tuple[Any, ...] = ()
         self.cell_values: tuple[Any, ...] = ()
+        # Item 5: the tensors the graph holds whose layout it depends on, each with its traced
+        # (strides, storage offset).
+        self.held: tuple[tuple[torch.Tensor, tuple[int, ...], Any], ...] = ()
         self.bound = False
 
     def watch_bindings(self, reached: Iterable[Any]) -> None:
@@ -172,13 +182,24 @@ class StateGuard:
             self.globals, self.names, self.global_values = map(tuple, rows)
         if cells:
             self.cells, self.cell_values = map(tuple, zip(*cells.values(), strict=True))
-        self.bound = bool(named or cells)
+        self.bound = bool(named or cells or self.held)
+
+    def watch_layouts(self, held: Iterable[torch.Tensor]) -> None:
+        """Guard on the strides and storage offset of each of ``held`` (item 5 of the Note)."""
+        self.held = tuple((t, t.stride(), t.storage_offset()) for t in held)
+        self.bound = self.bound or bool(self.held)
 
     def bindings_hold(self) -> bool:
-        """Whether every name and cell item 4 watches holds what it held when traced."""
-        return all(
-            map(operator.is_, map(dict.get, self.globals, self.names), self.global_values)
-        ) and all(map(operator.is_, map(_read_cell, self.cells), self.cell_values))
+        """Whether every name and cell item 4 watches holds what it held when traced, and every
+        tensor item 5 watches has its traced layout."""
+        return (
+            all(map(operator.is_, map(dict.get, self.globals, self.names), self.global_values))
+            and all(map(operator.is_, map(_read_cell, self.cells), self.cell_values))
+            and (
+                not self.held
+                or all(t.stride() == s and t.storage_offset() == o for t, s, o in self.held)
+            )
+        )
 
     def watch(self, modules: Any) -> None:
         """Guard on the current ``training`` flag and registrations of each of ``modules`` too."""
@@ -217,7 +238,10 @@ class StateGuard:
             if self.read(m) != was
         ]
         if self.bound and not self.bindings_hold():
-            changed.append("a name or closure cell the function reads now holds another object")
+            changed.append(
+                "a name or closure cell the function reads now holds another object, or a "
+                "tensor it holds has another layout"
+            )
         return ", ".join(changed)
 
 

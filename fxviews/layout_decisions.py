@@ -41,7 +41,9 @@ in Python (``nn.Flatten``, ``nn.functional``), and records each as its aten op:
    Over the caller's memory the caller's per-sample layout decides, as in eager.
 6. A Python read of ``storage_offset()`` is noted on the node of the tensor read
    (``meta[OFFSET_READ]``): the graph then depends on that offset (Note [The layout of a call]
-   in ``fxviews/call_layouts.py``).
+   in ``fxviews/call_layouts.py``). Reads of ``stride()`` and ``is_contiguous()`` are noted
+   too (``meta[LAYOUT_READ]``): an argument's strides are in ``transform``'s key, and a tensor
+   the graph holds (a parameter) is guarded on its layout.
 
 ``contiguous`` and ``to`` are recorded for the contiguous format only: vmap cannot ask a sample
 about another format (torch 2.13 raises "NYI: querying is_contiguous inside of vmap", as eager
@@ -85,6 +87,7 @@ from fxviews.passes.torch_internals import (
 from fxviews.recording import OpRecorder
 
 __all__ = [
+    "LAYOUT_READ",
     "OFFSET_READ",
     "LayoutDecisions",
     "decision_records",
@@ -98,6 +101,8 @@ aten = torch.ops.aten
 _DECOMPOSED = "fxviews_decomposition_of"
 #: ``node.meta`` key of a node whose tensor's ``storage_offset()`` the traced Python read.
 OFFSET_READ = "fxviews_offset_read"
+#: ``node.meta`` key: Python read the strides, contiguity or storage offset of this tensor.
+LAYOUT_READ = "fxviews_layout_read"
 
 
 class _Call(NamedTuple):
@@ -241,8 +246,8 @@ class LayoutDecisions(TorchFunctionMode):
         tracer = _active_tracer() if decide is not None else None
         if tracer is None:
             out = func(*args, **kwargs)
-            if func is torch.Tensor.storage_offset:
-                _note_offset_read(args[0])
+            if func in _LAYOUT_READS:
+                _note_layout_read(args[0], offset=func is torch.Tensor.storage_offset)
             return out
         # (iter: before torch 2.13, reversed(graph.nodes) is a reversed node list, not an iterator)
         last = next(iter(reversed(tracer.graph.nodes)))  # the decomposition's nodes come after it
@@ -295,13 +300,18 @@ def _what_was_decided(
     return kind, describe_call(made[-1].target, made[-1].args, made[-1].kwargs)
 
 
-def _note_offset_read(tensor: Any) -> None:
+#: The Python reads of a tensor's layout a graph depends on (item 6 of the Note).
+_LAYOUT_READS = (torch.Tensor.storage_offset, torch.Tensor.stride, torch.Tensor.is_contiguous)
+
+
+def _note_layout_read(tensor: Any, offset: bool) -> None:
     inner = _traced_tensor(tensor) if isinstance(tensor, torch.Tensor) else None
     tracer = _active_tracer() if inner is not None else None
     with no_torch_function():
         node = tracer.node_for(inner) if tracer is not None and inner is not None else None
     if node is not None:
-        node.meta[OFFSET_READ] = True
+        node.meta[LAYOUT_READ] = True
+        node.meta[OFFSET_READ] = node.meta.get(OFFSET_READ, False) or offset
 
 
 def deciding_at_run_time(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -93,6 +93,7 @@ from fxviews.call_layouts import (
     Offsets,
     hot_check,
     is_batched,
+    layout_bound_constants,
     offset_bound_inputs,
     offsets_hold,
     offsets_of,
@@ -639,6 +640,7 @@ class _GraphCache:
                 generators=generators,
             )
             offsets = offsets_of(tensors, offset_bound_inputs(gm))
+            guard.watch_layouts(layout_bound_constants(gm))
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)

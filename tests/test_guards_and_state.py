@@ -856,6 +856,64 @@ def test_rebound_globals_and_argument_attributes_follow_eager(caplog) -> None:
     assert "rebinds global TOTAL" in caplog.text and "rebinds Carried.h" in caplog.text
 
 
+class StridedReader(nn.Module):
+    """Reads its weight's memory with ``as_strided`` and branches on its contiguity in Python:
+    both depend on the parameter's layout, which ``to(memory_format=...)`` changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.conv.weight
+        window = weight.as_strided((4,), (1,)).sum()
+        scale = 2.0 if weight.is_contiguous() else 3.0
+        return x * window * scale
+
+
+class PlainConv(nn.Module):
+    """A conv whose result does not depend on its weight's layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+@pytest.mark.parametrize("make", [StridedReader, PlainConv], ids=lambda m: m.__name__)
+def test_a_held_tensor_whose_layout_the_graph_read_is_guarded_on_it(make) -> None:
+    # model.to(memory_format=channels_last) swaps each parameter's .data under the same object:
+    # eager's as_strided then reads other memory, and its Python branch goes the other way.
+    torch.manual_seed(0)
+    model = make()
+    twin = copy.deepcopy(model)
+    tf = fxviews.transform(model)
+    x = torch.randn(3) if make is StridedReader else torch.randn(1, 2, 3, 3)
+    for step in range(4):
+        if step == 2:
+            model.to(memory_format=torch.channels_last)
+            twin.to(memory_format=torch.channels_last)
+        got, want = tf(x), twin(x)
+        assert_tree_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        assert_tree_close([p.grad for p in model.parameters()], [p.grad for p in twin.parameters()])
+    # A graph that read no layout keeps its one trace; one that did traces again once.
+    assert tf.cache_info().misses == (2 if make is StridedReader else 1)
+
+
+def test_a_closed_over_tensor_read_through_as_strided_is_guarded_on_its_layout() -> None:
+    table = torch.arange(12.0).reshape(3, 4)
+    tf = fxviews.transform(lambda x: x + table.as_strided((3,), (1,), 1))
+    x = torch.zeros(3)
+    assert_tree_close(tf(x), x + table.as_strided((3,), (1,), 1))
+    table.data = table.data.t().contiguous().t()  # the same values, column-major memory
+    assert_tree_close(tf(x), x + table.as_strided((3,), (1,), 1))
+    assert tf.cache_info().misses == 2
+
+
 def _replace_weight(model: nn.Sequential) -> None:
     model[0].weight = nn.Parameter(torch.randn_like(model[0].weight))
 
