@@ -230,8 +230,9 @@ def layout_bound_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in AS_STRIDED_OPS:
             read = node.args[0]
-            if isinstance(read, torch.fx.Node) and _storage(read) in storages:
-                bound.add(storages[_storage(read)])
+            held = storages.get(_storage(read)) if isinstance(read, torch.fx.Node) else None
+            if held is not None:
+                bound.add(held)
     tensors: list[Any] = [
         functools.reduce(getattr, str(node.target).split("."), gm)
         for node in constants

@@ -94,8 +94,6 @@ class Rebinding:
         objects = list(objects)
         # (whose, the dict, its entries as they were, whether keys it gains count too)
         self._kept: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
-        # (the container's name, the container, its items as they were)
-        self._containers: list[tuple[str, Any, list[Any]]] = []
         self._cells: list[tuple[str, Any, Any]] = []
         roots: list[tuple[str, Any]] = []
         seen: set[int] = set()
@@ -119,6 +117,7 @@ class Rebinding:
             roots += [(f"global {name}{{}}", value) for name, value in kept.items()]
             roots += _closure_and_defaults(fn, self._cells)
         roots += [("that the function reaches{}", obj) for obj in objects]
+        # (the container's name, the container, its items as they were)
         self._containers = list(_containers_under(roots))
         #: The iterators among them, named: a trace would take an item, which cannot be put
         #: back, so a function reaching one is not traced at all.
@@ -208,27 +207,24 @@ def why_refused(where: str, changes: list[str]) -> str:
         'fxviews.transform cannot trace loss (train.py:12): it changes the list global ...'
     """
     what = " and ".join([", ".join(changes[:-1]), changes[-1]] if len(changes) > 1 else changes)
-    advice = []
-    if any(change.startswith("reaches") for change in changes):
-        advice.append("take the item outside and pass it in as an argument (f(w, next(it)))")
-    if any(change.startswith("rebinds") for change in changes):
-        advice.append(
-            "keep a tensor and write into it in place (self.avg.mul_(0.5).add_(x) for "
-            "self.avg = self.avg * 0.5 + x), or pass the value in as an argument"
-        )
-    if any(change.startswith("changes") for change in changes):
-        advice.append("return what it logs, caches or updates, and store it after the call")
-    if any(change.startswith("draws") for change in changes):
-        advice.append(
-            "draw with torch (torch.rand, torch.randint, torch.bernoulli: the graph replays "
-            "those), or pass the drawn value in as an argument"
-        )
+    verbs = {change.split(" ", 1)[0] for change in changes}
+    advice = [text for verb, text in _ADVICE.items() if verb in verbs]
     return (
         f"fxviews.transform cannot trace {where}: it {what}, which a graph cannot replay (it "
         f"would keep what the trace wrote, drew or took, and later calls would do none of "
         f"it). To have it traced, {'; '.join(advice)}."
     )
 
+
+#: What to write instead, by the verb of a change (in the order the advice is given).
+_ADVICE = {
+    "reaches": "take the item outside and pass it in as an argument (f(w, next(it)))",
+    "rebinds": "keep a tensor and write into it in place (self.avg.mul_(0.5).add_(x) for "
+    "self.avg = self.avg * 0.5 + x), or pass the value in as an argument",
+    "changes": "return what it logs, caches or updates, and store it after the call",
+    "draws": "draw with torch (torch.rand, torch.randint, torch.bernoulli: the graph replays "
+    "those), or pass the drawn value in as an argument",
+}
 
 _MISSING = object()
 
@@ -247,18 +243,11 @@ def _closure_and_defaults(
         value = _cell_value(cell)
         cells.append((f"{name} (closed over by {fn.__qualname__})", cell, value))
         named.append((f"closed-over {name}{{}} of {fn.__qualname__}", value))
-    code = fn.__code__
-    positional = code.co_varnames[: code.co_argcount]
-    defaults = fn.__defaults__ or ()
-    named += [
-        (f"default {name}{{}} of {fn.__qualname__}", value)
-        for name, value in zip(positional[len(positional) - len(defaults) :], defaults, strict=True)
-    ]
-    named += [
-        (f"default {name}{{}} of {fn.__qualname__}", value)
-        for name, value in (fn.__kwdefaults__ or {}).items()
-    ]
-    return named
+    positional = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+    values = fn.__defaults__ or ()
+    defaults = [*zip(positional[len(positional) - len(values) :], values, strict=True)]
+    defaults += (fn.__kwdefaults__ or {}).items()
+    return named + [(f"default {name}{{}} of {fn.__qualname__}", v) for name, v in defaults]
 
 
 def _random_streams(
@@ -269,17 +258,17 @@ def _random_streams(
     streams: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = [
         ("Python's random module", random.getstate, random.setstate)
     ]
-    # A program that draws from NumPy has imported numpy.random (numpy and torch do not: reading
-    # its state costs ~40 us).
+    # A program that draws from NumPy has imported numpy.random (`import numpy` alone does not;
+    # torch._dynamo does, once anything traces). Reading its state costs ~40 us.
     numpy = sys.modules.get("numpy") if "numpy.random" in sys.modules else None
     if numpy is not None:
         streams.append(("NumPy's random state", numpy.random.get_state, numpy.random.set_state))
     seen: set[int] = set()
     for name, obj in roots:
-        spelled, kind = name.format(""), type(obj).__name__
         if id(obj) in seen:
             continue
         seen.add(id(obj))
+        spelled, kind = name.format(""), type(obj).__name__
         if isinstance(obj, random.Random) and not isinstance(obj, random.SystemRandom):
             streams.append((f"the {kind} {spelled}", obj.getstate, obj.setstate))
         elif numpy is not None and isinstance(obj, numpy.random.RandomState):
@@ -362,11 +351,9 @@ def _put_back(container: Any, items: list[Any]) -> None:
         container[:] = items
         return
     container.clear()
-    if isinstance(container, dict):
+    if isinstance(container, (dict, set)):
         container.update(items)
-    elif isinstance(container, set):
-        container.update(items)
-    else:
+    else:  # a deque
         container.extend(items)
 
 
