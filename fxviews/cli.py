@@ -24,7 +24,7 @@ import torch
 import fxviews
 from fxviews.arguments import positive_int
 from fxviews.examples import f, push_jvp, seed_args
-from fxviews.printouts import DEFAULT_WIDTH, fold, format_result
+from fxviews.rewriting.printouts import DEFAULT_WIDTH, fold, format_result
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -38,7 +38,7 @@ _IN_DIMS = (1, 2, 2)
 
 
 def _largest_error(actual: Any, expected: Any) -> float:
-    from fxviews.passes.torch_internals import pytree
+    from fxviews.passes.compat.torch_internals import pytree
 
     pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected), strict=True)
     return max(float((a - e).abs().max()) for a, e in pairs)
@@ -52,7 +52,7 @@ def _printout_width(text: str) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from fxviews.passes.torch_internals import pytree  # the engine's imports: not for --help
+    from fxviews.passes.compat.torch_internals import pytree
 
     gen = torch.Generator().manual_seed(args.seed)
     shape = (4, 6)

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .torch_internals import disable_current_modes, pytree
+from .compat.torch_internals import disable_current_modes, pytree
 
 __all__ = [
     "DeviceFailure",

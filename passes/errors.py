@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .geometry import Geometry
+    from .geometry.concrete import Geometry
 
 #: ``(sizes, strides, offset)`` as an as_strided call writes them.
 RequestedGeometry = tuple[tuple[object, ...], tuple[object, ...], object]
@@ -61,7 +61,8 @@ class AsStridedRequestError(FxViewsError, ValueError):
     ``source`` is the tensor's geometry, ``target`` the request (offsets in storage elements;
     both 0 under torch.compile when no offset was given), ``reason`` why: it reads memory the
     tensor does not expose, or it has no view form. Raised by ``fxviews.as_strided``
-    (:mod:`fxviews.passes.runtime_views`); it lives here so catching it imports nothing more.
+    (:mod:`fxviews.passes.runtime.runtime_views`); it lives here so catching it imports nothing
+    more.
 
     Example::
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from .compat.torch_internals import OpOverload, op_schema
 from .errors import FxViewsError
-from .torch_internals import OpOverload, op_schema
 
 #: What ``Node.target`` holds: the op of a ``call_function``, the name of a method or module.
 Target = Callable[..., Any] | str

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .torch_internals import OpOverload, op_schema
+from .compat.torch_internals import OpOverload, op_schema
 
 aten = torch.ops.aten
 
@@ -38,7 +38,7 @@ TORCH_LEVEL_AS_STRIDED: dict[Any, OpOverload] = {
 }
 
 #: The aten ops fxviews' tracer records for a Python call that decides view or copy by its
-#: input's layout (Note [Layout decisions at run time] in fxviews/layout_decisions.py).
+#: input's layout (Note [Layout decisions at run time] in fxviews/tracing/layout_decisions.py).
 LAYOUT_DECIDING_OPS = frozenset(
     {aten.reshape.default, aten.ravel.default, aten.contiguous.default, aten.to.dtype_layout}
 )

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .torch_internals import no_dispatch, no_torch_function, pytree
+from .compat.torch_internals import no_dispatch, no_torch_function, pytree
 
 __all__ = [
     "RandomDraws",

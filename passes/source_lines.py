@@ -28,8 +28,8 @@ from types import FrameType
 
 import torch.fx
 
+from .compat.torch_internals import reshape_alias
 from .op_tables import AS_STRIDED_OPS, LAYOUT_DECIDING_OPS
-from .torch_internals import reshape_alias
 
 #: Top-level modules whose frames are the machinery between the user's code and an op.
 _INTERNAL_MODULES = frozenset({"torch", "functorch", "fxviews", "contextlib", "functools", "runpy"})

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from fxviews.passes.compat.torch_internals import reset_dynamo
 from fxviews.passes.device_faults import DeviceFailure, still_works
-from fxviews.passes.torch_internals import reset_dynamo
-from fxviews.torch_state import TorchStateSnapshot
+from fxviews.tracing.torch_state import TorchStateSnapshot
 
 
 @pytest.fixture(autouse=True)

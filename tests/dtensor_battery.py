@@ -268,12 +268,12 @@ def registration_checks() -> dict[str, Any]:
     from torch.distributed.tensor import distribute_tensor
 
     import fxviews
-    from fxviews.passes import torch_internals as internals
+    from fxviews.passes.compat import torch_internals as internals
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     x = distribute_tensor(torch.randn(8, 7), mesh, placements_of("S0"))
     handlers = internals.dtensor_op_handlers()
-    propagator = internals.dtensor_sharding_propagator()
+    propagator = internals.dtensor_strategy_tables()
     aten = torch.ops.aten
     backwards = (aten.unfold_backward.default, aten.diagonal_backward.default)
     ops = (aten.unfold.default, aten.diagonal.default, *backwards)
@@ -281,9 +281,9 @@ def registration_checks() -> dict[str, Any]:
     def tables() -> list[Any]:
         return [
             handlers.get(aten.as_strided.default),
-            *(propagator.op_strategy_funcs.get(op) for op in ops),
-            *(propagator.op_to_schema_info.get(op) for op in ops),
-            *(propagator.op_to_shape_and_stride_idx.get(op) for op in backwards),
+            *(propagator.strategies.get(op) for op in ops),
+            *(propagator.schema_infos.get(op) for op in ops),
+            *(propagator.shape_and_stride_indices.get(op) for op in backwards),
         ]
 
     errors_before = pytorch_errors(x)

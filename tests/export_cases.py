@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fxviews.examples import push_jvp
-from fxviews.passes.torch_internals import TORCH_RELEASE
+from fxviews.passes.compat.torch_internals import TORCH_RELEASE
 
 #: torch.export traces a program that calls ``torch.func.jvp`` from torch 2.13 on
 #: (pytorch/pytorch#179686); on 2.11 and 2.12 export itself fails ("Expected FakeTensor, got

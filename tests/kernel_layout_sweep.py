@@ -2,7 +2,7 @@
 
 Run it as ``python -m tests.kernel_layout_sweep`` (a few minutes; ``--limit N`` for a first N
 OpInfo entries only). It prints one line per aten overload that fails, and the table that
-``fxviews.passes.pinning.LAYOUT_KERNELS`` holds came from it.
+``fxviews.passes.rewrites.pinning.LAYOUT_KERNELS`` holds came from it.
 
 How: every OpInfo entry's first CPU float32 samples and the scaled-dot-product-attention family
 (math and the CPU flash kernel, with and without a mask, causal or not) are traced with

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from fxviews.passes import torch_internals
-from fxviews.passes.torch_internals import TorchDispatchMode, pytree, storage_identity
+from fxviews.passes.compat import torch_internals
+from fxviews.passes.compat.torch_internals import TorchDispatchMode, pytree, storage_identity
 from tests.reference import TEST_DEVICE, transposed_copy
 
 #: How far into its samples each op is read: the first few cover every branch we measured.

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from fxviews.passes.torch_internals import pytree
+from fxviews.passes.compat.torch_internals import pytree
 
 __all__ = [
     "AS_STRIDED_FAMILY",

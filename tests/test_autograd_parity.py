@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.autograd_structure import KeptFunction
-from fxviews.consumers.export import rewrite_exported
-from fxviews.passes.torch_internals import top_saved_tensors_hooks
-from fxviews.printouts import RECORDED
-from fxviews.tracing import TRACED_WITH, capture
+from fxviews.consumers.export.program import rewrite_exported
+from fxviews.passes.compat.torch_internals import top_saved_tensors_hooks
+from fxviews.passes.schema import RECORDED, TRACED_WITH
+from fxviews.tracing.autograd import KeptFunction
+from fxviews.tracing.capture import capture
 from tests.autograd_programs import PROGRAMS, SAMPLE_SHAPE, Program
 from tests.reference import (
     assert_tree_close,

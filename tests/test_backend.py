@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.consumers.compile_backend import fxviews_backend
+from fxviews.consumers.compile.backend import fxviews_backend
 from fxviews.examples import push_jvp
-from fxviews.passes.torch_internals import (
+from fxviews.passes.compat.torch_internals import (
     BackendCompilerFailed,
     aot_autograd,
     list_backends,
@@ -316,7 +316,7 @@ def test_entry_point_works_without_importing_fxviews():
         torch._dynamo.reset()
         opts = {"inner": lambda gm, ex: print(gm.code) or gm.forward}
         torch.compile(f, backend="fxviews", options=opts)(x)
-        print("loaded through entry point:", "fxviews.consumers.compile_backend" in sys.modules)
+        print("loaded through entry point:", "fxviews.consumers.compile.backend" in sys.modules)
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "FXVIEWS_DEBUG"}

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.passes.torch_internals import BackendCompilerFailed
+from fxviews.passes.compat.torch_internals import BackendCompilerFailed
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

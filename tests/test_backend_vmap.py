@@ -17,7 +17,7 @@ from torch.func import grad, jvp, vmap
 
 import fxviews
 from fxviews.bench.research_programs import PROGRAMS, squared_sum, windows
-from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
+from fxviews.passes.compat.torch_internals import BackendCompilerFailed, reset_dynamo
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

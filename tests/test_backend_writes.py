@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.passes.torch_internals import BackendCompilerFailed, reset_dynamo
+from fxviews.passes.compat.torch_internals import BackendCompilerFailed, reset_dynamo
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

@@ -1,7 +1,8 @@
 """The issue's three compiles whose as_strided reads past its input at some allowed size:
 rewritten over the input's flat buffer with a runtime assertion of the bounds (see
-passes/bounded_reads.py), against eager PyTorch at sizes the hint does not have, under vmap at
-every batch position, under Inductor, and past the bounds, where eager raises and so must they.
+passes/rewrites/bounded_reads.py), against eager PyTorch at sizes the hint does not have, under
+vmap at every batch position, under Inductor, and past the bounds, where eager raises and so
+must they.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import sympy
 import torch
 
 import fxviews
-from fxviews.passes import torch_internals as internals
-from fxviews.passes.symbolic_geometry import ShapeFacts
-from fxviews.passes.torch_internals import make_fx, reset_dynamo
+from fxviews.passes.compat import torch_internals as internals
+from fxviews.passes.compat.torch_internals import make_fx, reset_dynamo
+from fxviews.passes.geometry.symbolic import ShapeFacts
 from tests.reference import as_strided_nodes
 from tests.test_backend import Recorder, plain_aot, run, transposed_window_loss
 from tests.test_symbolic import (

@@ -13,10 +13,10 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
 from torch.autograd import forward_ad
 
 import fxviews
-from fxviews.composite_calls import CompositeCalls
-from fxviews.passes.torch_internals import FakeTensorMode
-from fxviews.recording import OpRecorder
-from fxviews.tracing import capture
+from fxviews.passes.compat.torch_internals import FakeTensorMode
+from fxviews.tracing.capture import capture
+from fxviews.tracing.composite_calls import CompositeCalls
+from fxviews.tracing.recording import OpRecorder
 from tests.reference import assert_tree_close, assert_vmap_matches_per_sample, make_samples
 
 torch.manual_seed(0)

@@ -18,8 +18,8 @@ from torch import nn
 from torch.func import grad, jvp, vmap
 
 import fxviews
-from fxviews.scalar_values import keep_item_values_as_tensors
-from fxviews.tracing import TRACED_WITH
+from fxviews.passes.schema import TRACED_WITH
+from fxviews.tracing.scalar_values import keep_item_values_as_tensors
 from tests.reference import (
     assert_tree_close,
     assert_vmap_matches_per_sample,

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 import fxviews
-from fxviews import tracing
-from fxviews.passes import device_faults, layout_truth
+import fxviews.tracing.capture as capture_module
+from fxviews.passes import device_faults
+from fxviews.passes.analysis import layout_truth
+from fxviews.passes.compat.torch_internals import op_db
 from fxviews.passes.device_faults import DeviceFailure, raise_if_device_failed
-from fxviews.passes.torch_internals import op_db
 from tests import device_checks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,8 +116,10 @@ def test_layout_truth_raises_where_the_device_cannot_allocate_after_a_fault(monk
 
 def test_a_recording_that_breaks_the_device_is_not_retried_in_fake_mode(monkeypatch) -> None:
     traced_in_fake_mode = []
-    monkeypatch.setattr(tracing, "_record_on_a_sample", _faulting)
-    monkeypatch.setattr(tracing, "exact_fake_mode", lambda **kw: traced_in_fake_mode.append(kw))
+    monkeypatch.setattr(capture_module, "_record_on_a_sample", _faulting)
+    monkeypatch.setattr(
+        capture_module, "exact_fake_mode", lambda **kw: traced_in_fake_mode.append(kw)
+    )
     with pytest.raises(DeviceFailure, match="recording"):
         fxviews.transform(torch.sin)(torch.randn(3))
     assert not traced_in_fake_mode

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from fxviews.passes.torch_internals import TORCH_RELEASE
+from fxviews.passes.compat.torch_internals import TORCH_RELEASE
 from tests import dtensor_battery as battery
 
 if not (dist.is_available() and dist.is_gloo_available()):
@@ -215,7 +215,7 @@ def test_the_dims_a_step_reindexes(op, args, shape, dims):
     import torch
 
     from fxviews.consumers.dtensor import reindexed_dims
-    from fxviews.passes.chain import ViewStep
+    from fxviews.passes.chains.chain import ViewStep
 
     overload = {
         "unfold": torch.ops.aten.unfold.default,

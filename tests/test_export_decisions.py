@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.consumers.export_decisions import LayoutBoundProgram
+from fxviews.consumers.export.decisions import LayoutBoundProgram
 from tests.layout_sweep import LAYOUTS
 
 

@@ -16,10 +16,10 @@ import torch
 
 import fxviews
 from fxviews.passes import AsStridedToViews
-from fxviews.passes.as_strided_to_views import MADE_FOR
-from fxviews.passes.chain_emission import fake_view_value
+from fxviews.passes.chains.emission import fake_view_value
+from fxviews.passes.compat.torch_internals import FakeTensorMode, make_fx, pytree, storage_identity
 from fxviews.passes.op_tables import LAYOUT_VIEWS
-from fxviews.passes.torch_internals import FakeTensorMode, make_fx, pytree, storage_identity
+from fxviews.passes.schema import MADE_FOR
 from tests.test_engine_differential import CASE_IDS, prepared
 
 aten = torch.ops.aten

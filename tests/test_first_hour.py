@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import fxviews
+import fxviews.tracing.capture as capture_module
 from tests.fresh_python import run_fresh_python
 
 
 def test_import_fxviews_imports_neither_dynamo_nor_the_engine() -> None:
     loaded = run_fresh_python(
         "import sys, fxviews\n"
-        "print(sorted(m for m in ('torch._dynamo', 'sympy', 'fxviews.passes.synthesis')"
+        "print(sorted(m for m in ('torch._dynamo', 'sympy', 'fxviews.passes.chains.synthesis')"
         " if m in sys.modules))"
     )
     assert loaded.strip() == "[]"
@@ -29,7 +30,7 @@ def test_public_names_import_on_first_use() -> None:
     loaded = run_fresh_python(
         "import sys, torch, fxviews\n"
         "fxviews.transform(lambda x: x * 2)(torch.ones(2))\n"
-        "print('fxviews.transforming' in sys.modules)\n"
+        "print('fxviews.calls.cache' in sys.modules)\n"
         "print(fxviews.as_strided(torch.arange(4.0), (2,), (2,)).tolist())\n"
         "print(fxviews.AsStridedRequestError.__mro__[1].__name__, fxviews.RecordKind.VIEW.value)\n"
         "print(set(fxviews.__all__) <= set(dir(fxviews)), 'Geometry' in dir(fxviews.passes))"
@@ -125,7 +126,6 @@ def test_a_kept_scatter_names_the_op_its_region_needs_in_good_grammar() -> None:
 
 
 def test_a_sample_past_the_recording_limit_is_traced_in_fake_mode(monkeypatch, caplog) -> None:
-    from fxviews import tracing
 
     def windows(x):
         return x.as_strided((x.numel() - 2, 3), (1, 1)) * 2
@@ -134,7 +134,7 @@ def test_a_sample_past_the_recording_limit_is_traced_in_fake_mode(monkeypatch, c
     xs = torch.stack(samples, dim=1)  # batch dim physically last
     expected = torch.stack([windows(s) for s in samples])
     for limit, fake in [(16 * 4, False), (16 * 4 - 1, True)]:  # one sample: 64 bytes
-        monkeypatch.setattr(tracing, "RECORDING_LIMIT_BYTES", limit)
+        monkeypatch.setattr(capture_module, "RECORDING_LIMIT_BYTES", limit)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="fxviews"):
             got = torch.func.vmap(fxviews.transform(windows), in_dims=1)(xs)

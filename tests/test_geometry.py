@@ -12,8 +12,9 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fxviews.passes.chain import apply_chain, describe_chain
-from fxviews.passes.geometry import (
+from fxviews.passes.chains.chain import apply_chain, describe_chain
+from fxviews.passes.chains.synthesis import synthesize
+from fxviews.passes.geometry.concrete import (
     Geometry,
     contains_address,
     embed,
@@ -21,7 +22,6 @@ from fxviews.passes.geometry import (
     find_exposed_address,
     is_one_to_one,
 )
-from fxviews.passes.synthesis import synthesize
 
 # CI runs the same examples every time (a landing must not hinge on a lucky draw); local runs
 # draw new ones. Either way a failure prints the example that reproduces it.

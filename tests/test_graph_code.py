@@ -22,9 +22,9 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.graph_code import run_only_forward
-from fxviews.passes.bound_calls import bind_calls, bind_constants
-from fxviews.passes.constant_folding import fold_input_free_results
+from fxviews.calls.graph_code import run_only_forward
+from fxviews.passes.runtime.bound_calls import bind_calls, bind_constants
+from fxviews.passes.runtime.constant_folding import fold_input_free_results
 from tests.reference import assert_tree_close, assert_vmap_matches_per_sample, make_samples
 
 

@@ -3,7 +3,7 @@ after N calls everything a call touches equals eager's after N calls.
 
 Every test runs the same program twice from the same random state, once through fxviews and once
 eagerly on a deep copy, and compares outputs, parameters, buffers, closed-over tensors and the
-random stream after each call (Note [The state a graph bakes in], ``fxviews/guards.py``).
+random stream after each call (Note [The state a graph bakes in], ``fxviews/state/guard.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.func import functional_call, vmap
 
 import fxviews
 from fxviews.bench import models
-from fxviews.guards import StateGuard
+from fxviews.state.guard import StateGuard, process_state
 from tests.fresh_python import run_fresh_python
 from tests.real_models import require_zoo_or_skip
 from tests.reference import (
@@ -313,7 +313,7 @@ def test_guards_hold_under_vmap_after_a_flip() -> None:
 
 def test_state_guard_reports_what_changed() -> None:
     net = nn.Dropout()
-    guard = StateGuard([net])
+    guard = StateGuard(process_state(), [net])
     assert guard.check() and guard.failure() == ""
     net.eval()
     assert not guard.check() and "Dropout" in guard.failure()

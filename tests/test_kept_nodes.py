@@ -15,9 +15,9 @@ import torch
 from torch.func import grad, vmap
 
 import fxviews
-from fxviews.graph_rewriting import rewrite_in_place
-from fxviews.passes.vmap_guards import per_sample_geometry
-from fxviews.tracing import capture
+from fxviews.passes.rewrites.vmap_guards import per_sample_geometry
+from fxviews.rewriting.steps import rewrite_in_place
+from fxviews.tracing.capture import capture
 from tests.reference import (
     as_strided_nodes,
     make_samples,

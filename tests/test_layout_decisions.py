@@ -24,7 +24,7 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
-from fxviews.layout_decisions import DECIDING_FUNCTIONS
+from fxviews.tracing.layout_decisions import DECIDING_FUNCTIONS
 from tests.layout_sweep import LAYOUTS, LayoutOp, layout_deciding_ops, memory_format_ops
 from tests.reference import (
     TEST_DEVICE,

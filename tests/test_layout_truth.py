@@ -2,7 +2,7 @@
 
 The engine proves each rewrite against the traced layout of the as_strided's input; where that
 layout came from a fake kernel that disagrees with the eager one, fxviews must check it and keep
-the node (Note [Layouts are facts to check] in ``passes/layout_truth.py``).
+the node (Note [Layouts are facts to check] in ``passes/analysis/layout_truth.py``).
 
 The cases are found at run time, on the torch under test (the set differs by release): a sweep
 over PyTorch's OpInfo samples (float32, small ones, on :data:`tests.reference.TEST_DEVICE`:
@@ -36,12 +36,12 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxviews
-from fxviews import tracing
-from fxviews.passes.geometry import Geometry, equivalent, is_one_to_one
-from fxviews.passes.layout_truth import LAYOUT_DOUBT, REAL_LAYOUTS
+import fxviews.tracing.capture as capture_module
+from fxviews.passes.compat.torch_internals import FakeTensorMode, op_db
+from fxviews.passes.geometry.concrete import Geometry, equivalent, is_one_to_one
 from fxviews.passes.random_state import reachable_cuda_devices
-from fxviews.passes.torch_internals import FakeTensorMode, op_db
-from fxviews.printouts import format_result
+from fxviews.passes.schema import LAYOUT_DOUBT, REAL_LAYOUTS
+from fxviews.rewriting.printouts import format_result
 from tests.device_checks import device_breaking_reason, raise_if_test_device_failed
 from tests.reference import TEST_DEVICE, as_strided_nodes, randn, rng_states
 
@@ -240,7 +240,7 @@ def test_explain_gives_eager_numbers() -> None:
 
 
 def test_transform_in_fake_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracing, "_has_real_values", lambda args: False)
+    monkeypatch.setattr(capture_module, "_has_real_values", lambda args: False)
     for case in _cases():
         got = fxviews.transform(case.fn)(*case.tensors)
         torch.testing.assert_close(got, _expected(case), msg=case.name)
@@ -297,7 +297,7 @@ def test_a_recorded_graph_is_marked_real_and_a_fake_one_is_not() -> None:
     case = _roll_case()
     gm = fxviews.trace(case.fn, *case.tensors)
     assert not gm.meta.get(REAL_LAYOUTS)
-    recorded = tracing.capture(case.fn, case.tensors, fresh=True, caller="test", name="fn")
+    recorded = capture_module.capture(case.fn, case.tensors, fresh=True, caller="test", name="fn")
     assert recorded.meta[REAL_LAYOUTS] is True
 
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 # OpInfo lives in torch.testing._internal, which needs numpy and expecttest (test extras).
-from fxviews.passes.torch_internals import op_db
+from fxviews.passes.compat.torch_internals import op_db
 from tests.device_checks import raise_if_test_device_failed
 from tests.differential import (
     Prepared,

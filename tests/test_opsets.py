@@ -13,13 +13,13 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxviews
-from fxviews.passes.as_strided_to_views import engine_made_nodes
-from fxviews.passes.chain import ViewStep, apply_chain, eager
-from fxviews.passes.chain_verification import verify_chain_reads
-from fxviews.passes.copied_windows import MAX_PIECES, WindowsByCopies
-from fxviews.passes.geometry import Geometry
-from fxviews.passes.opsets import Opset, chain_in_opset
-from fxviews.passes.torch_internals import FakeTensorMode
+from fxviews.passes.chains.chain import ViewStep, apply_chain, eager
+from fxviews.passes.chains.copied_windows import MAX_PIECES, WindowsByCopies
+from fxviews.passes.chains.opsets import Opset, chain_in_opset
+from fxviews.passes.chains.verification import verify_chain_reads
+from fxviews.passes.compat.torch_internals import FakeTensorMode
+from fxviews.passes.geometry.concrete import Geometry
+from fxviews.passes.rewrites.as_strided_to_views import engine_made_nodes
 
 aten = torch.ops.aten
 

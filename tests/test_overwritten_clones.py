@@ -29,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
-from fxviews.passes.torch_internals import pytree
+from fxviews.passes.compat.torch_internals import pytree
 from tests.differential import (
     assert_every_layout_matches,
     nonlinear_loss,

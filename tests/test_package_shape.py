@@ -63,9 +63,9 @@ def test_every_module_imports_in_a_fresh_interpreter():
 
 
 def test_the_backend_function_keeps_its_public_name():
-    from fxviews.consumers import compile_backend
+    from fxviews.consumers.compile import backend
 
-    assert fxviews.backend is compile_backend.backend and callable(fxviews.backend)
+    assert fxviews.backend is backend.backend and callable(fxviews.backend)
 
 
 def _imports(name: str, path: Path) -> set[str]:
@@ -139,29 +139,178 @@ def test_the_circle_finder_finds_circles():
     assert _circles(graph) == [["a", "b", "c"]]
 
 
-def test_consumers_do_not_import_the_front_doors_public_modules():
-    # fxviews.rewriting dispatches an ExportedProgram to the export consumer: a consumer
-    # importing it (or the package) back would close a circle.
-    for name, imported in IMPORT_GRAPH.items():
-        if name.startswith("fxviews.consumers."):
-            assert not imported & {"fxviews", "fxviews.rewriting"}, (name, imported)
+#: The pipeline's stages, from the API down to the compat layer: a module imports modules of its
+#: own stage and of stages below it, never above. A module's stage is the longest prefix of its
+#: name listed here (``fxviews.passes`` alone is the engine's public package).
+STAGES = (
+    (
+        "the API, its command line and bench",
+        (
+            "fxviews",
+            "fxviews.__main__",
+            "fxviews.apis",
+            "fxviews.cli",
+            "fxviews.examples",
+            "fxviews.bench",
+        ),
+    ),
+    ("consumers", ("fxviews.consumers",)),
+    ("calls", ("fxviews.calls",)),
+    ("tracing", ("fxviews.tracing",)),
+    ("state", ("fxviews.state",)),
+    ("rewriting", ("fxviews.rewriting",)),
+    ("argument checks", ("fxviews.arguments",)),
+    ("the engine's public package", ("fxviews.passes",)),
+    ("the engine at run time", ("fxviews.passes.runtime",)),
+    ("rewrites", ("fxviews.passes.rewrites",)),
+    ("analysis", ("fxviews.passes.analysis",)),
+    ("chains", ("fxviews.passes.chains",)),
+    (
+        "the engine's shared modules",
+        tuple(
+            f"fxviews.passes.{name}"
+            for name in (
+                "schema",
+                "errors",
+                "first_use",
+                "op_tables",
+                "graph_edits",
+                "source_lines",
+                "random_state",
+                "device_faults",
+            )
+        ),
+    ),
+    ("geometry", ("fxviews.passes.geometry",)),
+    ("compat", ("fxviews.passes.compat",)),
+)
 
 
-def test_no_module_is_over_800_lines():
-    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
-    assert {n: lines for n, lines in long.items() if lines > 800} == {}
+def _stage(module: str) -> int:
+    """The index in :data:`STAGES` of ``module``'s stage (its longest listed prefix)."""
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(STAGES)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} belongs to no stage of STAGES"
+    return max(matches)[1]
 
 
-def test_printouts_import_no_other_front_door_module():
-    # graph_rewriting imports printouts to print its results: the other way round would be a
-    # circle.
-    imported = IMPORT_GRAPH["fxviews.printouts"]
-    assert all(m.startswith("fxviews.passes") for m in imported), imported
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_each_module_imports_only_its_stage_and_those_below(name):
+    upward = sorted(m for m in IMPORT_GRAPH[name] if _stage(m) < _stage(name))
+    assert not upward, (
+        f"{name} (stage: {STAGES[_stage(name)][0]}) imports a stage above it: "
+        + ", ".join(f"{m} ({STAGES[_stage(m)][0]})" for m in upward)
+    )
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "passes").glob("*.py")), ids=lambda p: p.name)
+def test_the_stage_finder_takes_the_longest_prefix():
+    # Without it every engine module would be "the engine's public package", and the engine's
+    # own layering would pass whatever it imports.
+    assert STAGES[_stage("fxviews.passes.chains.chain")][0] == "chains"
+    assert STAGES[_stage("fxviews.passes")][0] == "the engine's public package"
+    assert STAGES[_stage("fxviews.consumers.compile.backend")][0] == "consumers"
+
+
+def _package_of_schema() -> dict[str, str]:
+    """The schema's meta keys: the value of each of its upper-case string constants."""
+    from fxviews.passes import schema
+
+    return {
+        name: value
+        for name, value in vars(schema).items()
+        if name.isupper() and isinstance(value, str) and value.startswith("fxviews_")
+    }
+
+
+def test_each_meta_key_has_one_meaning():
+    keys = _package_of_schema()
+    assert keys and len(set(keys.values())) == len(keys), keys
+
+
+_META_METHODS = ("get", "setdefault", "pop")
+
+
+def _literal_meta_keys(source: str) -> list[tuple[int, str]]:
+    """(line, key) for each ``x.meta[...]``, ``x.meta.get(...)`` (and ``setdefault``, ``pop``)
+    and ``... in x.meta`` whose key is an ``fxviews_`` string literal."""
+    found = []
+
+    def is_meta(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "meta"
+
+    def literal(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value if node.value.startswith("fxviews") else None
+        return None
+
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Subscript) and is_meta(node.value):
+            key = literal(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _META_METHODS and is_meta(node.func.value) and node.args:
+                key = literal(node.args[0])
+        elif isinstance(node, ast.Compare) and any(is_meta(c) for c in node.comparators):
+            key = literal(node.left)
+        if key is not None:
+            found.append((node.lineno, key))
+    return found
+
+
+def test_the_meta_key_scan_finds_literal_keys():
+    source = 'n.meta["fxviews_a"]\nn.meta.get("fxviews_b")\n"fxviews_c" in n.meta\nn.meta["val"]'
+    assert [key for _, key in _literal_meta_keys(source)] == ["fxviews_a", "fxviews_b", "fxviews_c"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "fxviews.passes.schema"))
+def test_meta_keys_come_from_the_schema_only(name):
+    source = MODULES[name].read_text()
+    assert _literal_meta_keys(source) == []
+    values = set(_package_of_schema().values())
+    redefined = [
+        target.id
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value in values
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    ]
+    assert redefined == [], f"{name} defines meta keys of its own: {redefined}"
+
+
+def test_the_package_list_is_the_trees_packages():
+    # setuptools cannot find passes/ as fxviews.passes: pyproject.toml lists the packages, and a
+    # package missing there would be missing from the wheel.
+    import tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = sorted(n for n, p in MODULES.items() if p.name == "__init__.py")
+    assert sorted(listed) == packages
+
+
+def test_no_symbolic_link_in_the_tree():
+    # A checkout without symbolic links (Windows, some archives) gets a text file for each.
+    tracked = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout
+    if not tracked:
+        pytest.skip("not a git checkout")
+    links = [line.split("\t")[1] for line in tracked.splitlines() if line.startswith("120000")]
+    assert links == []
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "passes").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO))
+)
 def test_the_engine_imports_nothing_from_the_front_door(path):
-    imported = _imports(f"fxviews.passes.{path.stem}", path)
+    parts = path.relative_to(REPO / "passes").with_suffix("").parts
+    name = ".".join(("fxviews.passes", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+    imported = _imports(name, path)
     assert all(m.startswith("fxviews.passes") for m in imported), imported
     source = ast.parse(path.read_text())
     absolute = {

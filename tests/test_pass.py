@@ -15,11 +15,11 @@ from torch.fx.passes.infra.pass_manager import PassManager
 
 import fxviews
 from fxviews.examples import push_jvp, seed_args
-from fxviews.graph_rewriting import rewrite_in_place
 from fxviews.passes import AsStridedToViews, remove_dead_pure_nodes
-from fxviews.passes.geometry import Geometry
+from fxviews.passes.geometry.concrete import Geometry
 from fxviews.passes.graph_edits import copy_graph
 from fxviews.passes.op_tables import METADATA_MUTATIONS
+from fxviews.rewriting.steps import rewrite_in_place
 from tests.reference import as_strided_nodes
 
 aten = torch.ops.aten
@@ -596,7 +596,10 @@ def many_views(n: int):
 
 @pytest.mark.parametrize(
     "where",
-    ["fxviews.passes.chain_verification.apply_chain", "fxviews.passes.as_strided_to_views._build"],
+    [
+        "fxviews.passes.chains.verification.apply_chain",
+        "fxviews.passes.rewrites.as_strided_to_views._build",
+    ],
 )
 def test_a_bug_in_a_candidate_surfaces_instead_of_becoming_a_kept_record(
     monkeypatch: pytest.MonkeyPatch, where: str
@@ -654,7 +657,8 @@ def count_layout_mutation_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, i
             return super().__contains__(item)
 
     monkeypatch.setattr(
-        "fxviews.passes.as_strided_to_views.METADATA_MUTATIONS", CountingSet(METADATA_MUTATIONS)
+        "fxviews.passes.rewrites.as_strided_to_views.METADATA_MUTATIONS",
+        CountingSet(METADATA_MUTATIONS),
     )
     return counts
 

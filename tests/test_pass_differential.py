@@ -24,7 +24,7 @@ from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import fxviews
-from fxviews.passes.geometry import Geometry
+from fxviews.passes.geometry.concrete import Geometry
 from tests.device_checks import raise_if_test_device_failed
 from tests.reference import TEST_DEVICE, as_strided_nodes
 from tests.test_geometry import SETTINGS, random_target_cases, sources, storage_for

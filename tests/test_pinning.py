@@ -28,7 +28,7 @@ from torch.func import grad, jvp, vmap
 import fxviews
 from fxviews.examples import push_jvp, seed_args
 from fxviews.passes import LAYOUT_KERNELS, LayoutPinning
-from fxviews.passes.pinning import dense_order, merges_dims
+from fxviews.passes.rewrites.pinning import dense_order, merges_dims
 from tests.differential import assert_every_layout_matches, prepare, with_transform
 from tests.reference import (
     as_strided_nodes,

@@ -15,7 +15,7 @@ import fxviews
 from fxviews.examples import push_jvp
 from fxviews.passes import Record, RecordKind
 from fxviews.passes.graph_edits import describe_call
-from fxviews.printouts import (
+from fxviews.rewriting.printouts import (
     DEBUG_ENV,
     debug_enabled,
     format_diff,

@@ -1,7 +1,7 @@
 """Python state ``fn`` changes while it runs: lists it logs into, dicts it caches in or is
 passed, sets, deques, closure cells, mutable defaults, Python's and NumPy's random streams,
 and iterators it takes items from (Note [Python state a trace rebinds],
-``fxviews/python_state.py``).
+``fxviews/state/python_state.py``).
 
 A graph cannot replay a Python statement: traced once, ``losses.append(loss)`` would run once.
 Each program here runs through ``fxviews.transform`` and eagerly from fresh state, and after

@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, linearize, vjp, vmap
 
 import fxviews
-from fxviews.tracing import TRACED_WITH
+from fxviews.passes.schema import TRACED_WITH
 from tests.device_checks import raise_if_test_device_failed
 from tests.reference import TEST_DEVICE, assert_tree_close, on_test_device
 

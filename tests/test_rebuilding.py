@@ -7,8 +7,8 @@ import collections
 import pytest
 import torch
 
-from fxviews.passes.torch_internals import pytree
-from fxviews.rebuilding import output_rebuilder
+from fxviews.calls.rebuilding import output_rebuilder
+from fxviews.passes.compat.torch_internals import pytree
 
 Pair = collections.namedtuple("Pair", "a b")
 

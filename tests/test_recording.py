@@ -20,16 +20,16 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
-from fxviews import tracing
-from fxviews.passes.torch_internals import FakeTensorMode, storage_identity
-from fxviews.printouts import FAKE_MODE, RECORDED
-from fxviews.recording import (
+import fxviews.tracing.capture as capture_module
+from fxviews.passes.compat.torch_internals import FakeTensorMode, storage_identity
+from fxviews.passes.schema import FAKE_MODE, RECORDED, TRACED_WITH
+from fxviews.tracing.capture import capture
+from fxviews.tracing.recording import (
     NotRecordable,
     reads_values_into_shape,
     record,
     shaped_by_metadata,
 )
-from fxviews.tracing import TRACED_WITH, capture
 from tests.reference import (
     as_strided_nodes,
     assert_tree_close,
@@ -47,7 +47,7 @@ def _fake_capture(
     fn: Callable[..., Any], args: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> torch.fx.GraphModule:
     with monkeypatch.context() as patched:
-        patched.setattr(tracing, "_has_real_values", lambda args: False)
+        patched.setattr(capture_module, "_has_real_values", lambda args: False)
         return _capture(fn, args)
 
 

@@ -17,8 +17,8 @@ from fxviews.passes import (
     RecordKind,
     ViewToReshape,
 )
-from fxviews.passes.torch_internals import PassResult
-from fxviews.printouts import format_summary
+from fxviews.passes.compat.torch_internals import PassResult
+from fxviews.rewriting.printouts import format_summary
 
 aten = torch.ops.aten
 

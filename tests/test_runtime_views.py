@@ -13,7 +13,7 @@ from torch.func import grad, jvp, vmap
 from torch.testing._internal.two_tensor import TwoTensor
 
 import fxviews
-from fxviews.passes.runtime_views import _cached_chain
+from fxviews.passes.runtime.runtime_views import _cached_chain
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fxviews
-from fxviews.consumers import dynamo_stage
+from fxviews.consumers.compile import dynamo_stage
 from fxviews.examples import push_jvp
-from fxviews.passes.torch_internals import OpOverload, make_fx, reset_dynamo
+from fxviews.passes.compat.torch_internals import OpOverload, make_fx, reset_dynamo
 from tests.reference import as_strided_nodes
 from tests.test_backend import (
     Recorder,

@@ -42,8 +42,8 @@ from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 import fxviews
-from fxviews.passes.records import RecordKind
-from fxviews.passes.torch_internals import make_fx
+from fxviews.passes.compat.torch_internals import make_fx
+from fxviews.passes.schema import RecordKind
 from tests.differential import WRONG_RESULT, vmap_failures
 from tests.reference import make_samples, stable_seed
 from tests.test_geometry import SETTINGS

@@ -20,13 +20,14 @@ from packaging.requirements import Requirement  # packaging comes with pytest
 from packaging.specifiers import SpecifierSet
 
 import fxviews
-import fxviews.passes.torch_internals as internals
+import fxviews.passes.compat.torch_internals as internals
 
 REPO = Path(__file__).resolve().parent.parent
 # The shipped code: everything in it but the internals module must go through that module.
 LIBRARY_DIRS = ("fxviews", "passes")
-#: The internals module and its part for releases before 2.13, whose names it re-exports.
-INTERNALS_FILES = {REPO / "passes" / "torch_internals.py", REPO / "passes" / "older_releases.py"}
+#: The compat layer: the internals module, its part for releases before 2.13 (whose names it
+#: re-exports) and the fake-mode reconciliation.
+INTERNALS_FILES = set((REPO / "passes" / "compat").glob("*.py"))
 # Namespaces without a leading underscore that PyTorch still keeps out of its stable API.
 UNSTABLE_NAMESPACES = ("functorch", "torch.fx.experimental", "torch.fx.passes")
 
@@ -347,7 +348,7 @@ def test_library_modules_reach_internals_only_through_the_internals_module(path)
     assert not uses, (
         f"{path.relative_to(REPO)} touches PyTorch internals directly: "
         + ", ".join(f"line {line}: {what}" for line, what in uses)
-        + ". Add them to passes/torch_internals.py (with what they are for and since which "
+        + ". Add them to passes/compat/torch_internals.py (with what they are for and since which "
         "release) and import them from there."
     )
 

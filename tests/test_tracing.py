@@ -16,8 +16,8 @@ from torch import nn
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
 import fxviews
-import fxviews.trace_guard
-from fxviews.tracing import TRACED_WITH
+import fxviews.tracing.trace_guard
+from fxviews.passes.schema import TRACED_WITH
 from tests.reference import (
     assert_tree_close,
     assert_vmap_matches_per_sample,
@@ -59,7 +59,7 @@ def pytorch_zero_tangents(monkeypatch):
     PyTorch's fake mode then fails on forward AD through LayerNorm, as it does without
     fxviews: the fake-mode failure the real-mode fallback is for, on a program that needs it.
     """
-    monkeypatch.setattr(fxviews.trace_guard, "efficient_zero_tensor", None)
+    monkeypatch.setattr(fxviews.tracing.trace_guard, "efficient_zero_tensor", None)
 
 
 def test_forward_ad_through_layer_norm_traces_in_fake_mode():

@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import fxviews
-from fxviews.printouts import DEBUG_ENV
+from fxviews.rewriting.printouts import DEBUG_ENV
 from tests.device_checks import raise_if_test_device_failed
 from tests.differential import assert_every_layout_matches
 from tests.reference import (

@@ -14,7 +14,7 @@ from torch.export import Dim
 
 import fxviews
 from fxviews.passes import RecordKind, UnfoldCopies
-from fxviews.printouts import format_summary
+from fxviews.rewriting.printouts import format_summary
 from tests.strided_programs import NhwcPatches, built, sample
 
 aten = torch.ops.aten

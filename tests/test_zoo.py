@@ -20,8 +20,8 @@ import torch
 
 import fxviews
 from fxviews.bench.models import MODELS, build, program
-from fxviews.printouts import RECORDED
-from fxviews.tracing import TRACED_WITH, capture
+from fxviews.passes.schema import RECORDED, TRACED_WITH
+from fxviews.tracing.capture import capture
 from tests.real_models import require_zoo_or_skip
 from tests.reference import assert_tree_close, per_sample_reference, stack_batched
 

@@ -23,14 +23,7 @@ from fxviews.arguments import positive_int
 from fxviews.bench import plots
 from fxviews.bench.output import collected_output, progress, summarize
 from fxviews.bench.report import WIDTH, failed_paths, legend, render
-from fxviews.bench.settings import (
-    FULL,
-    QUICK,
-    USER_AS_STRIDED_BATCH,
-    Settings,
-    Table,
-    on_device,
-)
+from fxviews.bench.settings import FULL, QUICK, USER_AS_STRIDED_BATCH, Settings, Table, on_device
 
 __all__ = [
     "BENCHES",

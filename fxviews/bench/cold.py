@@ -93,7 +93,7 @@ def cold_child(request: str) -> None:
     # Imports and a process's one-time compile work are not what is compared: every path
     # gets Dynamo and Inductor loaded and one small compile of its own beforehand, on the
     # case's device.
-    from fxviews.passes.torch_internals import compile_fx
+    from fxviews.passes.compat.torch_internals import compile_fx
 
     del compile_fx  # imported for its import's sake
     first_call(_warm_up_function, wrap, on(case.device, (torch.randn(4, 3),)))
@@ -118,7 +118,7 @@ def first_call_samples(
     after one warm-up in ``--quick``. A case that raises gets no more samples and an
     ``n/a (error: ...)`` note, the others go on.
     """
-    from fxviews.passes.torch_internals import reset_dynamo
+    from fxviews.passes.compat.torch_internals import reset_dynamo
 
     cold = settings.cold_compiles > 0
     threads = torch.get_num_threads()

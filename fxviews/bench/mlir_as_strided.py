@@ -34,8 +34,8 @@ import tabulate
 import torch
 
 from fxviews.bench.timing import median_seconds
-from fxviews.consumers.export import rewrite_exported
-from fxviews.passes.torch_internals import pytree
+from fxviews.consumers.export.program import rewrite_exported
+from fxviews.passes.compat.torch_internals import pytree
 
 aten = torch.ops.aten
 

@@ -32,7 +32,7 @@ def measured(measure: Callable[[], float]) -> tuple[float | None, str]:
 
 def why(err: BaseException) -> str:
     """``"Type: first line of the message"``, for a cell saying why a path did not run."""
-    from fxviews.tracing import first_line  # imported with the rows, not with --help
+    from fxviews.tracing.failures import first_line
 
     return f"{type(err).__name__}: {first_line(err)}"
 

@@ -112,7 +112,7 @@ def bench_compiled(settings: Settings) -> Table:
     Break-even: the number of calls ``n`` after which ``first + (n - 1) * steady`` of the
     compiled path drops below the transform's.
     """
-    from fxviews.passes.torch_internals import reset_dynamo
+    from fxviews.passes.compat.torch_internals import reset_dynamo
 
     transform, why = transform_or_reason()
     batch, device = settings.compiled_batch, settings.device
@@ -203,7 +203,7 @@ def bench_user_as_strided(settings: Settings) -> Table:
     in this process after a warm-up (ten programs times four paths in fresh interpreters would
     take an hour of Inductor compiles).
     """
-    from fxviews.passes.torch_internals import reset_dynamo
+    from fxviews.passes.compat.torch_internals import reset_dynamo
 
     settings = dataclasses.replace(settings, cold_compiles=0)
 

@@ -13,9 +13,9 @@ call (its ``peak_mb`` column), so the input itself is not counted; with ``--devi
 accelerator, its peak allocated tensor memory there over what was allocated before the call
 (the device synchronised before and after). A first call of
 ``transform`` runs ``fn`` once on fresh tensors holding one sample (Note [Recording a real
-trace] in ``fxviews/recording.py``): called directly that sample is the whole input, under
-``vmap`` one sample of the batch; past ``fxviews.tracing.RECORDING_LIMIT_BYTES`` it traces in
-fake mode instead.
+trace] in ``fxviews/tracing/recording.py``): called directly that sample is the whole input,
+under ``vmap`` one sample of the batch; past ``fxviews.tracing.capture.RECORDING_LIMIT_BYTES``
+it traces in fake mode instead.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from fxviews.bench.report import ratio, why
 from fxviews.bench.settings import MODELS_BATCH, Settings, Table
 from fxviews.bench.timing import FirstCall, first_call, steady_seconds
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
-from fxviews.torch_state import preserved_torch_state
+from fxviews.tracing.torch_state import preserved_torch_state
 
 __all__ = ["MODELS_BATCH", "bench_models"]
 

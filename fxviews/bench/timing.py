@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from fxviews import graph_rewriting, transforming
 from fxviews.bench.settings import Settings
-from fxviews.consumers import compile_backend, dynamo_stage
+from fxviews.calls import build
+from fxviews.consumers.compile import backend, dynamo_stage
 from fxviews.passes.device_faults import devices_of
+from fxviews.rewriting import steps
 
 
 def median_seconds(
@@ -135,7 +136,7 @@ def first_call_seconds(
     Each call is a :func:`first_call`: it compiles (or traces) from scratch, as a fresh function
     in a warm process does.
     """
-    from fxviews.passes.torch_internals import reset_dynamo
+    from fxviews.passes.compat.torch_internals import reset_dynamo
 
     try:
         first_call(make_fn, wrap, args, backward)  # imports, lazy initialisation, Dynamo's own
@@ -175,7 +176,7 @@ def cpu_seconds() -> float:
 
 #: The modules that run fxviews' rewrite in a first call: each calls ``rewrite_in_place`` on the
 #: graphs it owns (the engine, the reshape and pinning steps, hygiene, the one recompile).
-_REWRITE_CALLERS = (compile_backend, dynamo_stage, transforming)
+_REWRITE_CALLERS = (backend, dynamo_stage, build)
 
 
 @contextlib.contextmanager
@@ -197,7 +198,7 @@ def engine_timer() -> Iterator[list[float]]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.process_time()
         try:
-            return graph_rewriting.rewrite_in_place(*args, **kwargs)
+            return steps.rewrite_in_place(*args, **kwargs)
         finally:
             spent[0] += time.process_time() - start
 
@@ -207,7 +208,7 @@ def engine_timer() -> Iterator[list[float]]:
         yield spent
     finally:
         for module in _REWRITE_CALLERS:
-            setattr(module, "rewrite_in_place", graph_rewriting.rewrite_in_place)  # noqa: B010
+            setattr(module, "rewrite_in_place", steps.rewrite_in_place)  # noqa: B010
 
 
 def first_call(
@@ -221,7 +222,7 @@ def first_call(
     ``backward=True`` also runs the backward of the output, which compiles the backward graph.
     """
     # Imported on use: Dynamo takes over a second to import, and most benchmarks never need it.
-    from fxviews.passes.torch_internals import reset_dynamo
+    from fxviews.passes.compat.torch_internals import reset_dynamo
 
     reset_dynamo()
     fn = wrap(make_fn())

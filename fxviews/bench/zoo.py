@@ -24,7 +24,7 @@ import importlib
 
 from torch import nn
 
-from fxviews.tracing import first_line
+from fxviews.tracing.failures import first_line
 
 __all__ = ["CLASSES", "mobilenet_v3_small", "resnet18", "unavailable", "vit_tiny"]
 

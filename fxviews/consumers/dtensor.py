@@ -11,8 +11,8 @@ request is the tensor's own geometry, and has no sharding strategy for ``aten.un
    its arguments from; the offset relative to ``x.storage_offset()``, which DTensor reports for
    the *local* shard, so an explicit offset other than a nonzero reported one is refused as
    ambiguous), and the engine's proven chain of view ops for it
-   (:func:`fxviews.passes.runtime_views.proven_chain`) is applied to the DTensor op by op, so
-   DTensor propagates the sharding through each view as it does for the user's own views;
+   (:func:`fxviews.passes.runtime.runtime_views.proven_chain`) is applied to the DTensor op by
+   op, so DTensor propagates the sharding through each view as it does for the user's own views;
 2. before each step, placements the step cannot keep are made ``Replicate()`` on their mesh
    dim, the others stay, and the ``fxviews`` logger says so once per request and placement.
    Kept are ``Replicate()``, a plain ``Partial`` and a plain ``Shard(d)`` of a dim the step
@@ -63,11 +63,11 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from fxviews.passes import torch_internals as internals
-from fxviews.passes.chain import ViewStep
+from fxviews.passes.chains.chain import ViewStep
+from fxviews.passes.compat import torch_internals as internals
 from fxviews.passes.errors import FxViewsError
-from fxviews.passes.geometry import Geometry
-from fxviews.passes.runtime_views import proven_chain, requested_geometry
+from fxviews.passes.geometry.concrete import Geometry
+from fxviews.passes.runtime.runtime_views import proven_chain, requested_geometry
 
 aten = torch.ops.aten
 logger = logging.getLogger("fxviews")
@@ -89,19 +89,18 @@ def register() -> None:
     with _lock:
         if _undo:
             return
-        propagator = internals.dtensor_sharding_propagator()
+        tables = internals.dtensor_strategy_tables()
         schema_info = internals.RuntimeSchemaInfo(1)  # dims, sizes and steps key the cache
         _replace(internals.dtensor_op_handlers(), aten.as_strided.default, _as_strided_handler)
-        # torch 2.15 keeps single-dim strategies (its diagonal's among them) in a table of
-        # their own that is consulted first: fxviews' strategy must be the one found.
-        single_dim = getattr(propagator, "op_single_dim_strategy_funcs", {})
         for op, strategy in _STRATEGIES.items():
-            _replace(propagator.op_strategy_funcs, op, strategy)
-            _replace(propagator.op_to_schema_info, op, schema_info)
-            if op in single_dim:
-                _withdraw(single_dim, op)
+            _replace(tables.strategies, op, strategy)
+            _replace(tables.schema_infos, op, schema_info)
+            # torch 2.15 consults single-dim strategies (its diagonal's among them) first:
+            # fxviews' strategy must be the one found.
+            if op in tables.single_dim_strategies:
+                _withdraw(tables.single_dim_strategies, op)
         for op in _SHAPE_ARGUMENTS:
-            _replace(propagator.op_to_shape_and_stride_idx, op, 1)
+            _replace(tables.shape_and_stride_indices, op, 1)
         for module in internals.aot_alias_regeneration_modules():
             original = module.gen_alias_from_base
             _local_coordinate_callers.add(original.__code__)
@@ -334,20 +333,13 @@ def _placements_kept(spec: Any, ndim: int, reindexed: set[int]) -> tuple[bool, .
     one these rules move); dims sharded on several mesh dims in an order other than the
     default one; and any placement type these rules do not know.
     """
-    out_of_order = _has_out_of_order_shards(spec)
+    out_of_order = internals.dtensor_shards_out_of_order(spec)
     return tuple(
         p.is_replicate()
         or type(p) is Partial
         or (type(p) is Shard and not out_of_order and p.dim % ndim not in reindexed)
         for p in spec.placements
     )
-
-
-def _has_out_of_order_shards(spec: Any) -> bool:
-    """Whether a tensor dim is sharded over mesh dims in an order other than left to right
-    (torch 2.13's ``DTensorSpec.shard_order``; releases without it have only that order)."""
-    order = getattr(spec, "shard_order", None)
-    return order is not None and order != type(spec).compute_default_shard_order(spec.placements)
 
 
 def reindexed_dims(step: ViewStep, shape: Sequence[int]) -> set[int]:

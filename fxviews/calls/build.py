@@ -1,0 +1,420 @@
+"""The build of one cache entry: ``fn`` traced for a call's signature, rewritten, and guarded.
+
+Note [Building a cache entry]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A miss of ``transform``'s cache (Note [The cached call] in :mod:`fxviews.calls.cache`) builds
+one :class:`Entry` for the call's signature in the state now in force, in five steps:
+
+1. **The state before.** The process state is snapshot first, before anything can change it
+   (:func:`~fxviews.state.guard.process_state`), and the objects ``fn`` reaches are found
+   (:func:`~fxviews.state.reachable.reachable_objects`).
+2. **What is refused before a trace.** Lazy modules whose parameters do not exist yet (the call
+   runs eagerly and the next one traces), arguments with the lazy conjugate or negative bit,
+   closures over tensors of an enclosing transform, and iterators ``fn`` reaches (Note [Python
+   state a trace rebinds]): an item once taken cannot be put back.
+3. **The trace**, outside every enclosing transform (:func:`_outside_transforms`), recording
+   which modules run; Python state ``fn`` writes is put back and refused
+   (:class:`~fxviews.state.python_state.Rebinding`).
+4. **The rewrite**, built to be run only by fxviews (:func:`~fxviews.rewriting.steps.
+   rewrite_in_place` with ``bind_calls``), and the graph's own code
+   (:func:`~fxviews.calls.graph_code.run_only_forward`).
+5. **The guard, finished.** One :class:`~fxviews.state.guard.StateGuard` is made from what the
+   steps found: the process state of step 1, the modules reached and those that ran, the names
+   and closure cells ``fn``'s code reads, and the held tensors whose layout the graph depends
+   on. No entry is completed after it is built.
+
+Where ``fn``'s result depends on tensor values (a :class:`TracingError` of one of
+:data:`~fxviews.tracing.failures.EAGER_CAUSES`), the entry runs ``fn`` eagerly for good, guarded
+by the modes of the modules it reaches only (it reads everything else afresh). Any other failure
+raises :class:`TraceLater`: this call runs eagerly, the next traces again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from fxviews.calls.graph_code import run_only_forward
+from fxviews.calls.keys import Offsets, offsets_of
+from fxviews.calls.rebuilding import Rebuilder, output_rebuilder
+from fxviews.passes.compat.torch_internals import (
+    disable_current_modes,
+    is_functorch_wrapped_tensor,
+    pytree,
+    saved_tensors_hooks_deferred,
+    temporarily_clear_interpreter_stack,
+)
+from fxviews.passes.random_state import generators_among
+from fxviews.rewriting.printouts import logger, report_rewrite
+from fxviews.rewriting.steps import rewrite_in_place
+from fxviews.state.guard import ModuleCalls, StateGuard, process_state
+from fxviews.state.layouts import layout_bound_constants, offset_bound_inputs
+from fxviews.state.python_state import ArgumentContainers, Rebinding, why_refused
+from fxviews.state.reachable import (
+    reachable_generators,
+    reachable_objects,
+    uninitialized_lazy_modules,
+)
+from fxviews.tracing.autograd import restoring_grad_mode
+from fxviews.tracing.capture import capture
+from fxviews.tracing.failures import EAGER_CAUSES, TracingError, definition_line, function_name
+from fxviews.tracing.lock import tracing_lock
+from fxviews.tracing.recording import reads_values_into_shape
+from fxviews.tracing.samples import is_batched
+from fxviews.tracing.scalar_values import keep_item_values_as_tensors
+
+__all__ = ["Entry", "EntryBuilder", "TraceLater"]
+
+
+@dataclass(slots=True)
+class Entry:
+    """One cached graph and how to map arguments to it and its outputs back to ``fn``'s.
+
+    ``forward`` is None when ``fn`` cannot be traced for this signature (its result depends on
+    tensor values) and runs eagerly; ``eager_reason`` then says why. ``guard`` holds the state it
+    was traced in.
+    """
+
+    # The graph module's generated forward itself: a traced graph has no hooks, so
+    # nn.Module.__call__ would only add overhead to every call.
+    forward: Callable[..., list[Any]] | None
+    guard: StateGuard
+    input_positions: tuple[int, ...] = ()
+    # fn's output tree from the graph's flat outputs (constants of the signature included).
+    rebuild: Rebuilder | None = None
+    # Unhashable non-tensor arguments are keyed by id(); holding them keeps the ids unique.
+    keepalive: tuple[Any, ...] = ()
+    eager_reason: str | None = None
+    # The cache clock's tick at the last call that used this entry (Note [The cached call]).
+    last_used: int = 0
+    # For the hot call: how many positional tensors it takes, and the C++ check that a call's
+    # tensors are of the kind it last ran on (keys.hot_check); unset until a call
+    # with positional tensors only runs it.
+    arity: int = -1
+    same_kind: Callable[..., bool] | None = None
+    # The storage offsets of graph inputs the graph reads memory of by position (Note [The
+    # layout of a call]): a call at other offsets needs another graph.
+    offsets: Offsets = ()
+
+
+class TraceLater(Exception):  # noqa: N818 - a signal, not an error users see
+    """``fn`` cannot be traced for this call, and may be for a later one: run it eagerly.
+
+    ``reason`` is what to log once the eager call succeeds (None: nothing worth saying).
+    """
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _TracedGraph(NamedTuple):
+    """What steps 3 and 4 of the Note give: the graph's forward and how to call it, and what the
+    guard needs of the trace (the modules that ran, the held tensors whose layout it read)."""
+
+    forward: Callable[..., list[Any]]
+    input_positions: tuple[int, ...]
+    rebuild: Rebuilder
+    offsets: Offsets
+    modules_run: list[torch.nn.Module]
+    layout_bound: list[torch.Tensor]
+
+
+class EntryBuilder:
+    """Builds the cache entries of one transformed function (Note [Building a cache entry]).
+
+    It remembers one thing between builds: whether a trace of ``fn`` was refused for rebinding
+    Python state, since the first refusal traces again at the next call and a second is
+    ``fn``'s nature.
+
+    Example::
+
+        >>> builder = EntryBuilder(f, strict=False, functionalize=False)
+        >>> leaves, spec = pytree.tree_flatten(((x,), {}))
+        >>> entry = builder.build(spec, leaves, keepalive=())
+        >>> entry.guard.check()
+        True
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, strict: bool, functionalize: bool) -> None:
+        self.fn = fn
+        self.strict = strict
+        self.functionalize = functionalize
+        self.rebinds = False  # whether a trace of fn rebound Python state once already
+
+    def build(self, spec: pytree.TreeSpec, leaves: list[Any], keepalive: tuple[Any, ...]) -> Entry:
+        """Trace ``fn`` for this signature in the state now in force; the entry, guard finished.
+
+        Returns an eager entry where ``fn``'s result depends on tensor values (cached: no later
+        call can trace it), and raises :class:`TraceLater` where ``fn`` cannot be traced now
+        but may be later (run it eagerly this once, trace again next call). An exception
+        ``fn``'s own code raises propagates unchanged (:func:`fxviews.tracing.capture.capture`).
+        """
+        process = process_state()  # the caller's state, before the trace can change anything
+        reached = list(reachable_objects(self.fn))
+        modules = _modules_among(reached)
+        lazy = uninitialized_lazy_modules(modules)
+        if lazy:
+            if self.strict:
+                raise TracingError(
+                    f"fxviews.transform cannot trace {function_name(self.fn)} before its lazy "
+                    f"modules ({', '.join(type(m).__name__ for m in lazy)}) create their "
+                    f"parameters: call it once without strict=True, or call the module once.",
+                    "lazy module",
+                )
+            raise TraceLater(None)  # their first call creates the parameters, quietly
+        try:
+            _check_no_lazy_bits(self.fn, leaves)
+            _check_no_captured_wrappers(self.fn, reached)
+            generators = generators_among([leaves, reachable_generators(reached)])
+            traced = self._trace_keeping_state(spec, leaves, reached, generators)
+        except TracingError as err:
+            if self.strict:
+                raise
+            if err.cause in EAGER_CAUSES:  # the function's nature: no later call traces it
+                logger.warning(
+                    "%s For this input signature fxviews.transform runs %s eagerly (no graph).",
+                    err,
+                    function_name(self.fn),
+                )
+                return Entry(
+                    forward=None,
+                    guard=StateGuard.for_eager_calls(process, modules),
+                    keepalive=keepalive,
+                    eager_reason=str(err),
+                )
+            # Not the function's nature: a state not ready yet, or fxviews' limit. Eager decides
+            # this call (its exception, if any, is the user's), and the next call traces again.
+            raise TraceLater(str(err)) from err
+        guard = StateGuard(
+            process, [*traced.modules_run, *modules], reached=reached, held=traced.layout_bound
+        )
+        return Entry(
+            forward=traced.forward,
+            guard=guard,
+            input_positions=traced.input_positions,
+            rebuild=traced.rebuild,
+            keepalive=keepalive,
+            offsets=traced.offsets,
+        )
+
+    def _trace_keeping_state(
+        self,
+        spec: pytree.TreeSpec,
+        leaves: list[Any],
+        reached: list[Any],
+        generators: list[torch.Generator],
+    ) -> _TracedGraph:
+        """:meth:`_trace`, refusing a trace that rebinds or changes Python state ``fn`` reaches
+        or is passed, which the graph cannot replay (Note [Python state a trace rebinds]);
+        whatever the trace changed is put back, so the call runs as eager does. The first
+        refusal of a function traces again at the next call (a lazy ``if self.buf is None:
+        self.buf = ...`` rebinds once); a second one is its nature: it runs eagerly for this
+        signature."""
+        rebinding = Rebinding([*reached, *leaves], reached)
+        changed = [f"reaches {iterator}" for iterator in rebinding.iterators]
+        in_arguments: set[str] = set()
+        if not changed:  # an iterator's item, once taken, cannot be put back: no trace
+            try:
+                traced = self._trace(spec, leaves, generators, in_arguments)
+            except TracingError:
+                rebinding.undo()
+                raise
+            except Exception as err:  # fn's own: the Python state it wrote first is eager's
+                if rebinding.undo() or in_arguments:
+                    raise TraceLater(None) from err  # the call runs eagerly, and raises there
+                raise
+            changed = rebinding.undo() + sorted(in_arguments)
+            if not changed:
+                return traced
+        message = why_refused(f"{function_name(self.fn)}{definition_line(self.fn)}", changed)
+        if self.rebinds:
+            raise TracingError(message, "rebinds Python state")
+        self.rebinds = True
+        raise TraceLater(message)
+
+    def _trace(
+        self,
+        spec: pytree.TreeSpec,
+        leaves: list[Any],
+        generators: list[torch.Generator],
+        changed_arguments: set[str],
+    ) -> _TracedGraph:
+        """Trace and rewrite ``fn``'s graph for this signature; ``generators``: those of the
+        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork]); what a
+        run of ``fn`` changes in its arguments goes to ``changed_arguments``."""
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
+        # and must not keep this call's tensors alive.
+        template = [None if i in positions else leaf for i, leaf in enumerate(leaves)]
+        out_info: dict[str, Any] = {}
+
+        def flat_fn(*tensors: torch.Tensor) -> list[Any]:
+            filled = list(template)
+            for position, tensor in zip(positions, tensors, strict=True):
+                filled[position] = tensor
+            args, kwargs = pytree.tree_unflatten(filled, spec)
+            containers = ArgumentContainers(self.fn, args, kwargs)
+            out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))
+            changed_arguments.update(containers.changed())
+            out_info["from_graph"] = tuple(isinstance(o, _GRAPH_OUTPUT_TYPES) for o in out_leaves)
+            out_info["constants"] = tuple(
+                o for o in out_leaves if not isinstance(o, _GRAPH_OUTPUT_TYPES)
+            )
+            return [o for o in out_leaves if isinstance(o, _GRAPH_OUTPUT_TYPES)]
+
+        name = function_name(self.fn)
+        # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
+        # batched under) the transforms or tracers this call happens inside either.
+        with _outside_transforms(), ModuleCalls() as calls:
+            traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
+            tensors = [leaves[i] for i in positions]
+            gm = capture(
+                traced,
+                tensors,
+                fresh=True,
+                caller="fxviews.transform",
+                name=name,
+                generators=generators,
+            )
+            offsets = offsets_of(tensors, offset_bound_inputs(gm))
+            layout_bound = layout_bound_constants(gm)
+            if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
+                gm.recompile()
+            result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)
+        report_rewrite(result, source=f"transform({name})")
+        # A call that raises inside a grad-mode region leaves the caller's mode as fn's `with`
+        # would (Note [What autograd sees is part of the trace]).
+        graph_module = result.graph_module
+        forward = restoring_grad_mode(run_only_forward(graph_module), graph_module.graph)
+        if _has_dynamic_output_shape(graph_module.graph):
+            forward = _eager_when_batched(forward, flat_fn)
+        rebuild = output_rebuilder(out_info["spec"], out_info["from_graph"], out_info["constants"])
+        return _TracedGraph(forward, positions, rebuild, offsets, calls.modules, layout_bound)
+
+
+# What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
+# friends produce while tracing (they are computed again on every run).
+_GRAPH_OUTPUT_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _modules_among(reached: list[Any]) -> list[torch.nn.Module]:
+    """The modules among the objects a function reaches (see
+    :func:`fxviews.guards.reachable_objects`), each with its submodules."""
+    return [
+        module for obj in reached if isinstance(obj, torch.nn.Module) for module in obj.modules()
+    ]
+
+
+def _has_dynamic_output_shape(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` calls an op whose output shape depends on tensor values (``nonzero``,
+    which ``argwhere`` and boolean-mask indexing trace into). ``index`` is tagged so for its
+    boolean masks; with integer indices its shape is theirs, and vmap batches it."""
+    return any(
+        torch.Tag.dynamic_output_shape in getattr(node.target, "tags", ())
+        and reads_values_into_shape(
+            node.target, pytree.tree_map_only(torch.fx.Node, _value, node.args)
+        )
+        for node in graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def _value(node: torch.fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def _eager_when_batched(
+    forward: Callable[..., list[Any]], flat_fn: Callable[..., list[Any]]
+) -> Callable[..., list[Any]]:
+    """``forward``, except that a call with a tensor batched by ``vmap`` runs ``fn`` eagerly.
+
+    vmap refuses to batch an op with a data-dependent output shape (``nonzero`` raises "We do
+    not support batching operators that can output dynamic shape"), while eager ``vmap(fn)``
+    may still run: an op without a batching rule that calls it (``argwhere``) runs once per
+    sample, and an empty sample has a static result. So such a graph runs only where nothing
+    is batched, and ``fn`` itself, under the caller's transforms, everywhere else: whatever
+    eager vmap does, values or error. ``flat_fn`` gives ``fn``'s outputs as the graph does.
+
+    Example::
+
+        >>> torch.func.vmap(fxviews.transform(torch.argwhere))(torch.zeros(3, 0, 4)).shape
+        torch.Size([3, 0, 2])
+    """
+
+    def run(*tensors: Any) -> list[Any]:
+        if not any(is_batched(t) for t in tensors):
+            return forward(*tensors)
+        # Eager torch.func is not thread-safe: eager calls hold the tracing lock (_GraphCache.call).
+        with tracing_lock:
+            return flat_fn(*tensors)
+
+    return run
+
+
+@contextlib.contextmanager
+def _outside_transforms() -> Iterator[None]:
+    """Step out of every active torch.func transform and dispatch mode, in the caller's grad mode,
+    with the caller's saved-tensor hooks not called.
+
+    The graph is cached and reused from any transform context, so it must not depend on where
+    the first call happened: enclosing transforms are re-applied when the graph runs on the real
+    arguments. Grad mode is part of the entry's guard, and stays the caller's (inference mode,
+    which would make the trace's tensors inference tensors, is left with grad mode as it was).
+    The caller's saved-tensor hooks (a ``torch.utils.checkpoint`` around the call counts what
+    they pack) must see what the graph saves when it runs, as eager's ops, and never the trace's
+    tensors: they stay pushed, so the trace still refuses hooks ``fn`` pushes itself (Note [What
+    autograd sees is part of the trace]), and a ``torch.func`` transform inside ``fn`` refuses
+    them as eager's does.
+    """
+    grad_enabled = torch.is_grad_enabled()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporarily_clear_interpreter_stack())
+        stack.enter_context(disable_current_modes())
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.set_grad_enabled(grad_enabled))
+        stack.enter_context(saved_tensors_hooks_deferred())
+        yield
+
+
+def _check_no_lazy_bits(fn: Callable[..., Any], leaves: list[Any]) -> None:
+    """Refuse a call passing a tensor with the lazy conjugate or negative bit (``z.conj()``,
+    ``z.conj().imag``).
+
+    The trace's samples are plain tensors: ``fn`` would be recorded reading ``is_conj()`` as
+    False and ``resolve_conj()`` as a no-op, and the graph, run on the caller's tensor, would
+    write into its memory where eager writes into a resolved copy. Such a call runs eagerly.
+    """
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and (leaf.is_conj() or leaf.is_neg()):
+            bit = "conjugate" if leaf.is_conj() else "negative"
+            raise TracingError(
+                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)} for "
+                f"an argument with PyTorch's lazy {bit} bit (a view like z.conj() or "
+                f"z.conj().imag): pass x.resolve_conj() / x.resolve_neg() to have it traced.",
+                "lazy conjugate",
+            )
+
+
+def _check_no_captured_wrappers(fn: Callable[..., Any], reached: list[Any]) -> None:
+    """Refuse an ``fn`` that reaches (``reached``) a tensor wrapped by an enclosing transform.
+
+    Traced outside the transforms, such a tensor becomes a plain constant of the graph: under
+    ``grad`` or ``jvp`` its derivative would silently be zero. Everything ``fn`` reaches
+    statically is searched (:func:`fxviews.guards.reachable_objects`: closures, defaults,
+    partial arguments, globals its code reads); tensors reached another way (attributes) are
+    not, and vmap-wrapped ones are caught while tracing.
+    """
+    for obj in reached:
+        if isinstance(obj, torch.Tensor) and is_functorch_wrapped_tensor(obj):
+            raise TracingError(
+                f"fxviews.transform cannot trace {function_name(fn)}{definition_line(fn)}: it "
+                f"closes over a tensor wrapped by an enclosing torch.func transform, whose "
+                f"derivative or batch dim the cached graph would lose. Pass that tensor as an "
+                f"argument.",
+                "closure over a transformed tensor",
+            )

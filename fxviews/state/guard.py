@@ -1,0 +1,317 @@
+"""What a traced graph bakes in that eager PyTorch reads afresh on every call: the cache's guards.
+
+Note [The state a graph bakes in]
+---------------------------------
+Tracing runs ``fn`` once and keeps the aten ops it ran. Whatever Python read on the way to
+choosing those ops is frozen into the graph: ``if self.training:`` in Dropout and BatchNorm,
+the dtype ``torch.zeros(3)`` takes from the default dtype, the casts autocast inserts, the
+kernel grad mode or deterministic algorithms select. Eager PyTorch reads each of them again on
+every call, so a graph may only be reused where they read the same. Each cache entry holds a
+:class:`StateGuard` made when it was traced, checked on every hit (a miss traces again, or
+finds the entry made for the state now in force):
+
+1. **Process state**: the set Dynamo's guards check before reusing a compiled graph, snapshot
+   and compared in C++ (:class:`GlobalStateGuard`, ~0.2 us): grad mode, autocast (enabled and
+   dtype, per device type), the default dtype, deterministic algorithms (and warn-only),
+   TF32 and reduced-precision matmul flags, whether torch function modes are enabled, and the
+   number of threads (the last decides no value, and costs only a retrace).
+2. **Module modes**: the ``training`` flag of every ``nn.Module`` the function reaches, found
+   two ways. Statically (:func:`reachable_objects`): ``fn`` itself, ``functools.partial``
+   arguments, a bound method's ``self``, closure cells, defaults and the module-level names
+   its code reads, with every submodule of each module found. Dynamically: every module whose
+   ``forward`` runs while the function is traced (:class:`ModuleCalls`), which finds modules
+   reached through attributes, containers and ``torch.func.functional_call`` targets.
+   Checking them costs ~50 ns a module (a tuple of flags compared with the traced one).
+3. **What a module holds**: the graph holds the parameters and buffers it read by reference,
+   so one assigned anew after the trace (``m.weight = nn.Parameter(...)``,
+   ``load_state_dict(..., assign=True)``, pruning, a parametrization or a submodule swapped
+   in) would leave it reading the old one. Every parameter, buffer or submodule assignment
+   goes through ``nn.Module``'s registration hooks; the global ones fxviews installs count
+   them up in each watched module's ``__dict__`` (:data:`REGISTRATIONS`), read with
+   ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_`` are
+   none (the graph reads the same object, as eager does); a change of layout is item 5's.
+4. **What its code reads by name**: the module-level names the code of ``fn`` (and of the
+   functions it reaches) reads, and its closure cells, each with the object it held when
+   traced; modules and classes aside. A graph holds what they held by reference, or baked
+   in: a functional update ``W = W - lr * g`` of a global, a learning rate rebound, a
+   ``nonlocal`` rebinding. Checked by identity (``operator.is_`` mapped in C, ~40 ns a name).
+5. **The layout of what it holds, where the graph depends on it**: a held tensor (a
+   parameter, a closed-over tensor) whose memory an ``as_strided`` reads, or whose strides,
+   contiguity or offset Python read while it was recorded (:func:`fxviews.tracing.samples.
+   layout_bound_constants`). ``model.to(memory_format=torch.channels_last)`` swaps such a
+   parameter's ``.data`` under the same object: eager then reads other memory, or takes the
+   other branch. Its strides and offset are compared on every call (~0.3 us a tensor; most
+   graphs hold none).
+
+Not guarded, and why: tensor values (a graph is for every value: data dependence is found
+while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
+(autograd reads it at run time on the real tensors; only a Python branch on it would be baked
+in), and other Python state ``fn`` reads (attributes other than ``training``, the contents of
+a list or dict): a function that branches on those must be called through a fresh
+``transform`` or cleared with ``cache_clear()`` when they change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from fxviews.passes.compat.torch_internals import GlobalStateGuard, TensorGuards
+from fxviews.state.reachable import read_globals
+
+__all__ = ["ModuleCalls", "StateGuard", "process_state", "read_training", "same_kind_check"]
+
+#: The attribute in a watched module's ``__dict__`` counting its registrations (item 3).
+REGISTRATIONS = "_fxviews_registrations"
+
+#: Reads a watched module's ``training`` flag and registration count: ``map`` over a tuple of
+#: modules with it is the cheapest loop Python has for the check on every cache hit.
+read_training = operator.attrgetter("training", REGISTRATIONS)
+
+
+_read_cell = operator.attrgetter("cell_contents")
+
+
+def _is_data(value: Any) -> bool:
+    """Whether a name holding ``value`` is one a graph may have read (item 4): anything but a
+    module of code or a class, which code reads for their functions."""
+    return not isinstance(value, (types.ModuleType, type))
+
+
+def _read_mode(module: torch.nn.Module) -> tuple[bool, int]:
+    """A module's ``training`` flag alone, in :data:`read_training`'s shape."""
+    return module.training, 0
+
+
+def _count_registration(module: torch.nn.Module, name: str, value: Any) -> None:
+    """A global registration hook: one more assignment of a parameter, buffer or submodule of
+    ``module``, counted where a guard watches it (item 3 of the Note)."""
+    held = module.__dict__
+    if REGISTRATIONS in held:
+        held[REGISTRATIONS] += 1
+
+
+for _register in (
+    torch.nn.modules.module.register_module_parameter_registration_hook,
+    torch.nn.modules.module.register_module_buffer_registration_hook,
+    torch.nn.modules.module.register_module_module_registration_hook,
+):
+    _register(_count_registration)
+
+
+def process_state() -> GlobalStateGuard:
+    """A snapshot of the process state now (item 1 of the Note), for a :class:`StateGuard`.
+
+    Taken before a trace, which may change that state while it runs.
+    """
+    return GlobalStateGuard()
+
+
+class StateGuard:
+    """The state a graph was traced in; :meth:`check` says whether it still holds (Note [The
+    state a graph bakes in]).
+
+    Made once, finished, when the trace is done: ``process`` is the snapshot taken before it
+    (:func:`process_state`), ``modules`` those ``fn`` reaches and those that ran, ``reached``
+    what :func:`~fxviews.state.reachable.reachable_objects` found (whose functions' names and
+    closure cells it holds), ``held`` the tensors the graph holds whose layout it depends on.
+
+    Example::
+
+        >>> guard = StateGuard(process_state(), [net])
+        >>> guard.check()
+        True
+        >>> net.eval()
+        >>> guard.check()
+        False
+    """
+
+    __slots__ = (
+        "bound",
+        "cell_values",
+        "cells",
+        "check_process",
+        "global_values",
+        "globals",
+        "held",
+        "modules",
+        "names",
+        "process",
+        "read",
+        "trainings",
+    )
+
+    def __init__(
+        self,
+        process: GlobalStateGuard,
+        modules: Iterable[torch.nn.Module] = (),
+        *,
+        reached: Iterable[Any] = (),
+        held: Iterable[torch.Tensor] = (),
+    ) -> None:
+        self.process = process
+        self.check_process: Callable[[], bool] = process.check  # bound once: hits call it
+        # Items 2 and 3: each module's training flag and registration count.
+        self.modules = tuple(_unique(modules))
+        for module in self.modules:
+            module.__dict__.setdefault(REGISTRATIONS, 0)
+        self.read: Callable[[torch.nn.Module], tuple[bool, int]] = read_training
+        self.trainings = tuple(map(read_training, self.modules))
+        # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
+        # what they held.
+        named, cells = _bindings(reached)
+        self.globals: tuple[dict[str, Any], ...] = ()
+        self.names: tuple[str, ...] = ()
+        self.global_values: tuple[Any, ...] = ()
+        self.cells: tuple[Any, ...] = ()
+        self.cell_values: tuple[Any, ...] = ()
+        if named:
+            rows = zip(*named, strict=True)
+            self.globals, self.names, self.global_values = map(tuple, rows)
+        if cells:
+            self.cells, self.cell_values = map(tuple, zip(*cells, strict=True))
+        # Item 5: the tensors the graph holds whose layout it depends on, each with its traced
+        # (strides, storage offset).
+        self.held = tuple((t, t.stride(), t.storage_offset()) for t in held)
+        # Whether items 4 and 5 hold anything: most graphs skip their check.
+        self.bound = bool(self.globals or self.cells or self.held)
+
+    @classmethod
+    def for_eager_calls(
+        cls, process: GlobalStateGuard, modules: Iterable[torch.nn.Module]
+    ) -> StateGuard:
+        """The guard of an entry that runs ``fn`` eagerly: process state and module modes only.
+
+        Eager calls read whatever the modules hold, and every name, afresh at each call; one
+        whose function assigns a buffer on every call (an EMA kept by rebinding) would
+        otherwise trace again at every call.
+        """
+        guard = cls(process, modules)
+        guard.read = _read_mode
+        guard.trainings = tuple(map(_read_mode, guard.modules))
+        return guard
+
+    def bindings_hold(self) -> bool:
+        """Whether every name and cell item 4 watches holds what it held when traced, and every
+        tensor item 5 watches has its traced layout."""
+        return (
+            all(map(operator.is_, map(dict.get, self.globals, self.names), self.global_values))
+            and all(map(operator.is_, map(_read_cell, self.cells), self.cell_values))
+            and (
+                not self.held
+                or all(t.stride() == s and t.storage_offset() == o for t, s, o in self.held)
+            )
+        )
+
+    def check(self) -> bool:
+        """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module,
+        ~40 ns a name)."""
+        return (
+            self.check_process()
+            and tuple(map(self.read, self.modules)) == self.trainings
+            and (not self.bound or self.bindings_hold())
+        )
+
+    def failure(self) -> str:
+        """Which part of the state differs now, for logs (empty if none)."""
+        if not self.process.check():
+            return f"process state ({self.process.reason()})"
+        changed = [
+            f"{type(m).__name__}'s {'training flag' if m.training != was[0] else 'parameters'}"
+            for m, was in zip(self.modules, self.trainings, strict=True)
+            if self.read(m) != was
+        ]
+        if self.bound and not self.bindings_hold():
+            changed.append(
+                "a name or closure cell the function reads now holds another object, or a "
+                "tensor it holds has another layout"
+            )
+        return ", ".join(changed)
+
+
+def same_kind_check(
+    tensors: Sequence[torch.Tensor], strides: Sequence[Sequence[int] | None] | None = None
+) -> Callable[..., bool]:
+    """A check, in C++, that the tensors it is given are of the kind of ``tensors``, one by one.
+
+    Same Python type, dispatch keys (under the thread-local dispatch state in force at the
+    check, so inside ``vmap`` a BatchedTensor matches only a BatchedTensor), dtype, device,
+    ``requires_grad`` and sizes (logical ones for a wrapper); strides where ``strides`` gives
+    them (one entry per tensor, None: not compared). That is stricter than transform's
+    signature key (shape, dtype, device, and the layout Note [The layout of a call] keys on),
+    so a pass implies the key matches. It is Dynamo's ``TensorGuards`` (~80 ns a tensor,
+    against ~0.35 us for the key in Python); building one costs ~1.5 us. A call with another
+    number of tensors than ``tensors`` raises TypeError: compare the count first.
+
+    Example::
+
+        >>> check = same_kind_check([torch.ones(2, 3)])
+        >>> check(torch.zeros(2, 3)), check(torch.zeros(3, 2))
+        (True, False)
+    """
+    # One list per tensor, each dim's size or None for "not compared" (PyTorch's stub types
+    # them as one flat list, which the C++ rejects).
+    sizes: Any = [list(tensor.shape) for tensor in tensors]
+    strides = strides or [None] * len(tensors)
+    compared: Any = [
+        [None] * tensor.dim() if given is None else list(given)
+        for tensor, given in zip(tensors, strides, strict=True)
+    ]
+    guards = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=compared)
+    return guards.check
+
+
+def _bindings(
+    reached: Iterable[Any],
+) -> tuple[list[tuple[dict[str, Any], str, Any]], list[tuple[Any, Any]]]:
+    """The module-level names and closure cells the functions among ``reached`` read (item 4),
+    each with what it holds now: (globals dict, name, object) and (cell, object) rows."""
+    named: dict[tuple[int, str], tuple[dict[str, Any], str, Any]] = {}
+    cells: dict[int, tuple[Any, Any]] = {}
+    for fn, names in read_globals(reached):
+        for name in names:
+            if _is_data(fn.__globals__[name]):
+                named[id(fn.__globals__), name] = (fn.__globals__, name, fn.__globals__[name])
+        for cell in fn.__closure__ or ():
+            with contextlib.suppress(ValueError):  # an unassigned cell
+                if _is_data(cell.cell_contents):
+                    cells[id(cell)] = (cell, cell.cell_contents)
+    return list(named.values()), list(cells.values())
+
+
+def _unique(modules: Any) -> list[torch.nn.Module]:
+    seen: dict[int, torch.nn.Module] = {}
+    for module in modules:
+        seen.setdefault(id(module), module)
+    return list(seen.values())
+
+
+class ModuleCalls:
+    """Collects every module whose ``forward`` runs while it is active (a global pre-hook).
+
+    Example::
+
+        >>> with ModuleCalls() as calls:
+        ...     net(x)
+        >>> net in calls.modules
+        True
+    """
+
+    def __init__(self) -> None:
+        self.modules: list[torch.nn.Module] = []
+        self._handle: Any = None
+
+    def __enter__(self) -> ModuleCalls:
+        def seen(module: torch.nn.Module, args: Any) -> None:
+            self.modules.append(module)
+
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()

@@ -1,0 +1,391 @@
+"""Python state a trace rebinds or changes: attributes, globals, closure cells, the lists,
+dicts, sets and deques ``fn`` reaches or is passed, Python's and NumPy's random streams, and
+the iterators it reaches.
+
+Note [Python state a trace rebinds]
+-----------------------------------
+A recording sees ``fn``'s ops, not its Python statements. A statement that rebinds state
+``fn`` can reach, ``self.avg = self.avg * 0.5 + x`` (an EMA, an RNN's carried state),
+``self.calls += 1``, ``global total; total = total + x``, ``nonlocal step; step += 1``, or
+changes a container it can reach, ``losses.append(loss.detach())``, ``self.cache[key] = y``,
+``state["h"] = h`` on a dict it was passed, runs once, while tracing, and never again: the
+cached graph reads the tensor the attribute held when it was traced, the attribute keeps the
+trace's value, the list holds one trace-time tensor, and a dict of the caller's is never
+written at all (the trace ran on a copy ``pytree`` rebuilt). A memo in a mutable default
+(``def f(x, cache={})``) even changes the numbers: the graph recomputes what eager reads back.
+An item taken from an iterator (``next(self.batches)``) is baked in too, and lost: it cannot
+be put back, so a function that reaches an iterator is not traced at all. A draw from Python's
+``random`` or NumPy's random state (``random.random() < eps`` in an
+epsilon-greedy policy, ``np.random.randn()`` as a jitter) is baked into the graph as the
+number the trace drew. Eager does each of these on every call. In-place writes
+(``self.avg.mul_(0.5).add_(x)``) are ops, and are recorded.
+
+So, around the trace, :class:`Rebinding` keeps a shallow copy of the state ``fn`` can reach:
+
+1. the attribute dicts of the modules it reaches (with every submodule) and of the plain
+   objects among its arguments and the objects it reaches (``self`` of a bound method, a
+   closed-over config), and each module's ``_parameters``, ``_buffers`` and ``_modules``;
+2. the module-level names its code reads, in its globals, and its closure cells;
+3. the items of every list, dict, set and deque among those (nested ones too), among its
+   defaults, and among the objects it reaches; ``nn.Module``'s own bookkeeping (its hook
+   dicts) is PyTorch's and left out;
+4. the states of Python's ``random`` module, of NumPy's global random state (where NumPy is
+   imported), and of each ``random.Random``, NumPy ``Generator`` and ``RandomState`` among
+   those objects and attributes;
+
+and :class:`ArgumentContainers` the structure of each argument as one run of ``fn`` got it.
+After the trace each entry is compared by identity. Whatever changed is put back (the trace's
+writes are not the call's: the call then runs as eager does), and the names of what changed
+say why the trace is refused. A trace that raises an exception of ``fn``'s own after writing
+such state is put back too, and the call runs eagerly: the writes and the exception are then
+eager's (under ``vmap``, the trace would have logged one sample where eager logs the batch).
+Not seen: containers reached only through an object that is not one of those (an attribute of
+a Python module, an item of a user object's list).
+
+Example::
+
+    >>> rebinding = Rebinding([ema_module], [])
+    >>> ema_module(x)          # runs self.avg = self.avg * 0.5 + x
+    >>> rebinding.undo()
+    ['rebinds EMA.avg']
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import operator
+import pickle
+import random
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+
+from fxviews.passes.compat.torch_internals import pytree
+from fxviews.passes.source_lines import internal_module
+from fxviews.state.guard import REGISTRATIONS
+from fxviews.state.reachable import read_globals
+
+__all__ = ["ArgumentContainers", "Rebinding", "why_refused"]
+
+#: The dicts of a module that hold its state besides its ``__dict__``.
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+#: The attributes every ``nn.Module`` has: PyTorch's bookkeeping (hook dicts a lazy module's
+#: first call empties), not state of the user's.
+_MODULE_OWN = frozenset(vars(torch.nn.Module()))
+
+#: The containers whose items a trace may change in place, and the types kept as they are.
+_CONTAINERS = (list, dict, set, collections.deque)
+
+#: The entries of a container past which nested containers are not searched (its own items
+#: are still kept): a replay buffer's transitions are not the state a step writes.
+_SEARCH_LIMIT = 10_000
+
+
+class Rebinding:
+    """A shallow copy of the Python state ``objects`` and ``functions`` reach (see the Note),
+    to compare with and put back after a trace."""
+
+    def __init__(self, objects: Iterable[Any], functions: Iterable[Any]) -> None:
+        objects = list(objects)
+        # (whose, the dict, its entries as they were, whether keys it gains count too)
+        self._kept: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
+        self._cells: list[tuple[str, Any, Any]] = []
+        roots: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        for obj in objects:
+            for owner in obj.modules() if isinstance(obj, torch.nn.Module) else [obj]:
+                if id(owner) in seen or not _has_own_state(owner):
+                    continue
+                seen.add(id(owner))
+                whose = type(owner).__name__
+                for state in [vars(owner)] + [
+                    getattr(owner, name)
+                    for name in (_MODULE_DICTS if isinstance(owner, torch.nn.Module) else ())
+                ]:
+                    kept = {k: v for k, v in state.items() if k != REGISTRATIONS}
+                    self._kept.append((whose, state, kept, True))
+                own = _MODULE_OWN if isinstance(owner, torch.nn.Module) else ()
+                roots += [(f"{whose}.{k}{{}}", v) for k, v in vars(owner).items() if k not in own]
+        for fn, names in read_globals(functions):
+            kept = {name: fn.__globals__[name] for name in names}
+            self._kept.append(("global", fn.__globals__, kept, False))
+            roots += [(f"global {name}{{}}", value) for name, value in kept.items()]
+            roots += _closure_and_defaults(fn, self._cells)
+        roots += [("that the function reaches{}", obj) for obj in objects]
+        # (the container's name, the container, its items as they were)
+        self._containers = list(_containers_under(roots))
+        #: The iterators among them, named: a trace would take an item, which cannot be put
+        #: back, so a function reaching one is not traced at all.
+        iterators = [(name.format(""), obj) for name, obj in roots if _is_iterator(obj)]
+        self.iterators = sorted({f"the {type(obj).__name__} {name}" for name, obj in iterators})
+        # (the stream's name, its state as it was, how to read it, how to set it)
+        self._streams = [(name, get(), get, put) for name, get, put in _random_streams(roots)]
+
+    def undo(self) -> list[str]:
+        """Put back every entry that changed since the copy; what changed, in words."""
+        changed: set[str] = set()
+        for whose, state, kept, whole in self._kept:
+            # A guard's registration count (set on the modules a trace finds) is fxviews' own.
+            for key in [k for k in state if k not in kept and k != REGISTRATIONS] if whole else []:
+                changed.add(f"rebinds {_spelled(whose, key)}")
+                del state[key]
+            for key, value in kept.items():
+                if state.get(key, _MISSING) is not value:
+                    changed.add(f"rebinds {_spelled(whose, key)}")
+                    state[key] = value
+        for name, cell, value in self._cells:
+            if _cell_value(cell) is not value:
+                changed.add(f"rebinds {name}")
+                if value is _MISSING:
+                    del cell.cell_contents
+                else:
+                    cell.cell_contents = value
+        for name, container, items in self._containers:
+            if not _same_items(container, items):
+                changed.add(f"changes the {type(container).__name__} {name}")
+                _put_back(container, items)
+        for name, state, get, put in self._streams:
+            if not _same_state(get(), state):
+                changed.add(f"draws from {name}")
+                put(state)
+        return sorted(changed)
+
+
+class ArgumentContainers:
+    """The structure of the arguments one run of ``fn`` gets (lists, dicts and tuples ``pytree``
+    rebuilt from the call's: a copy, so what ``fn`` writes there never reaches the caller),
+    to tell after the run which ones ``fn`` changed.
+
+    Example::
+
+        >>> args = ({"h": h},)
+        >>> watch = ArgumentContainers(step, args, {})
+        >>> step(*args)            # runs state["h"] = torch.tanh(...)
+        >>> watch.changed()
+        ['changes the dict passed as state']
+    """
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self._call = (fn, args, kwargs)
+        # (its position among args and kwargs' values, the argument, its leaves, its structure;
+        # a leaf, a tensor, is the caller's own object, and its attributes are Rebinding's)
+        self._before = [
+            (position, value, *pytree.tree_flatten(value))
+            for position, value in enumerate([*args, *kwargs.values()])
+            if not pytree.tree_is_leaf(value)
+        ]
+
+    def changed(self) -> list[str]:
+        """The arguments whose structure or leaves (by identity) differ from before the run."""
+        changed = [
+            (position, value)
+            for position, value, leaves, spec in self._before
+            if (now := pytree.tree_flatten(value))[1] != spec
+            or not all(map(operator.is_, now[0], leaves))
+        ]
+        names = {id(v): name for name, v in _named_arguments(*self._call)} if changed else {}
+        return [
+            f"changes the {type(value).__name__} passed as "
+            f"{names.get(id(value), f'argument {position}')}"
+            for position, value in changed
+        ]
+
+
+def why_refused(where: str, changes: list[str]) -> str:
+    """Why the function ``where`` (its name and line) is not traced, for ``changes``
+    (:meth:`Rebinding.undo`'s and :meth:`ArgumentContainers.changed`'s words, or "reaches" an
+    iterator), and what to write instead.
+
+    Example::
+
+        >>> why_refused("loss (train.py:12)", ["changes the list global losses"])
+        'fxviews.transform cannot trace loss (train.py:12): it changes the list global ...'
+    """
+    what = " and ".join([", ".join(changes[:-1]), changes[-1]] if len(changes) > 1 else changes)
+    verbs = {change.split(" ", 1)[0] for change in changes}
+    advice = [text for verb, text in _ADVICE.items() if verb in verbs]
+    return (
+        f"fxviews.transform cannot trace {where}: it {what}, which a graph cannot replay (it "
+        f"would keep what the trace wrote, drew or took, and later calls would do none of "
+        f"it). To have it traced, {'; '.join(advice)}."
+    )
+
+
+#: What to write instead, by the verb of a change (in the order the advice is given).
+_ADVICE = {
+    "reaches": "take the item outside and pass it in as an argument (f(w, next(it)))",
+    "rebinds": "keep a tensor and write into it in place (self.avg.mul_(0.5).add_(x) for "
+    "self.avg = self.avg * 0.5 + x), or pass the value in as an argument",
+    "changes": "return what it logs, caches or updates, and store it after the call",
+    "draws": "draw with torch (torch.rand, torch.randint, torch.bernoulli: the graph replays "
+    "those), or pass the drawn value in as an argument",
+}
+
+_MISSING = object()
+
+
+def _spelled(whose: str, key: str) -> str:
+    return f"global {key}" if whose == "global" else f"{whose}.{key}"
+
+
+def _closure_and_defaults(
+    fn: types.FunctionType, cells: list[tuple[str, Any, Any]]
+) -> list[tuple[str, Any]]:
+    """``fn``'s closure cells (added to ``cells`` as name, cell, value) and defaults, with
+    names to fill a subscript in (``"default cache{} of f"``)."""
+    named = []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        value = _cell_value(cell)
+        cells.append((f"{name} (closed over by {fn.__qualname__})", cell, value))
+        named.append((f"closed-over {name}{{}} of {fn.__qualname__}", value))
+    positional = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+    values = fn.__defaults__ or ()
+    defaults = [*zip(positional[len(positional) - len(values) :], values, strict=True)]
+    defaults += (fn.__kwdefaults__ or {}).items()
+    return named + [(f"default {name}{{}} of {fn.__qualname__}", v) for name, v in defaults]
+
+
+def _random_streams(
+    roots: list[tuple[str, Any]],
+) -> list[tuple[str, Callable[[], Any], Callable[[Any], Any]]]:
+    """Python's and NumPy's global random streams, and the generators among ``roots``: each
+    named, with how to read and set its state."""
+    streams: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = [
+        ("Python's random module", random.getstate, random.setstate)
+    ]
+    # A program that draws from NumPy has imported numpy.random (`import numpy` alone does not;
+    # torch._dynamo does, once anything traces). Reading its state costs ~40 us.
+    numpy = sys.modules.get("numpy") if "numpy.random" in sys.modules else None
+    if numpy is not None:
+        streams.append(("NumPy's random state", numpy.random.get_state, numpy.random.set_state))
+    seen: set[int] = set()
+    for name, obj in roots:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        spelled, kind = name.format(""), type(obj).__name__
+        if isinstance(obj, random.Random) and not isinstance(obj, random.SystemRandom):
+            streams.append((f"the {kind} {spelled}", obj.getstate, obj.setstate))
+        elif numpy is not None and isinstance(obj, numpy.random.RandomState):
+            streams.append((f"the {kind} {spelled}", obj.get_state, obj.set_state))
+        elif numpy is not None and isinstance(obj, numpy.random.Generator):
+            bits = obj.bit_generator
+            read = partial(getattr, bits, "state")
+            streams.append((f"the {kind} {spelled}", read, partial(setattr, bits, "state")))
+    return streams
+
+
+def _is_iterator(obj: Any) -> bool:
+    """Whether ``obj`` hands out items with ``next`` (a generator, ``iter(list)``, a data
+    loader's iterator, a file): not a tensor or module, which only iterate when asked to."""
+    return isinstance(obj, collections.abc.Iterator) and not isinstance(
+        obj, (torch.Tensor, torch.nn.Module)
+    )
+
+
+def _same_state(now: Any, before: Any) -> bool:
+    """Whether two states of a random stream are equal (Python's compare as tuples of ints;
+    those holding NumPy arrays, whose ``==`` has no truth value, as their pickles)."""
+    try:
+        return bool(now == before)
+    except ValueError:
+        return pickle.dumps(now) == pickle.dumps(before)
+
+
+def _cell_value(cell: Any) -> Any:
+    """What ``cell`` holds; ``_MISSING`` where it is unassigned (assigning it rebinds it)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _MISSING
+
+
+def _containers_under(roots: list[tuple[str, Any]]) -> Iterator[tuple[str, Any, list[Any]]]:
+    """Each list, dict, set and deque among ``roots`` (named with a ``{}`` where a subscript
+    goes) and inside them (through tuples too), once, with its name and a copy of its items."""
+    seen: set[int] = set()
+    pending = list(reversed(roots))
+    while pending:
+        name, obj = pending.pop()
+        if not isinstance(obj, (*_CONTAINERS, tuple)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        items = _items(obj)
+        if not isinstance(obj, tuple):
+            yield name.format(""), obj, items
+        if len(items) > _SEARCH_LIMIT or isinstance(obj, set):  # a set holds no containers
+            continue
+        if isinstance(obj, dict):
+            inner = [(f"[{k!r}]", v) for k, v in items]
+        else:
+            inner = [(f"[{i}]", v) for i, v in enumerate(items)]
+        pending += [(name.format(f"{where}{{}}"), value) for where, value in reversed(inner)]
+
+
+def _items(container: Any) -> list[Any]:
+    """A container's items as a list: a dict's (key, value) pairs, in order."""
+    return list(container.items()) if isinstance(container, dict) else list(container)
+
+
+def _same_items(container: Any, items: list[Any]) -> bool:
+    """Whether ``container`` holds exactly ``items`` (by identity; a set in any order)."""
+    now = _items(container)
+    if len(now) != len(items):
+        return False
+    if isinstance(container, set):
+        return sorted(map(id, now)) == sorted(map(id, items))
+    if isinstance(container, dict):
+        return all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(now, items, strict=True))
+    return all(map(operator.is_, now, items))
+
+
+def _put_back(container: Any, items: list[Any]) -> None:
+    """Make ``container`` hold ``items`` again, through its own methods (an ``OrderedDict``
+    keeps its order, a subclass its invariants)."""
+    if isinstance(container, list):
+        container[:] = items
+        return
+    container.clear()
+    if isinstance(container, (dict, set)):
+        container.update(items)
+    else:  # a deque
+        container.extend(items)
+
+
+def _named_arguments(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    """The call's arguments with ``fn``'s parameter names (positions where it has none)."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    named = []
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            named += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named += [(f"{name}[{k!r}]", v) for k, v in value.items()]
+        else:
+            named.append((name, value))
+    return named
+
+
+def _has_own_state(obj: Any) -> bool:
+    """Whether ``obj``'s attributes are state ``fn`` computes with: a module's, or those of an
+    object of the user's own class (not a function, class, tensor, or PyTorch's own object,
+    whose attributes PyTorch may fill in lazily: an ``OpOverload``'s namespace)."""
+    if isinstance(obj, torch.nn.Module):
+        return True
+    plain = not isinstance(
+        obj, (torch.Tensor, type, types.ModuleType, types.FunctionType, types.MethodType)
+    )
+    users = not internal_module(type(obj).__module__ or "")
+    return plain and users and isinstance(getattr(obj, "__dict__", None), dict)
