@@ -6,27 +6,34 @@ A miss of ``transform``'s cache (Note [The cached call] in :mod:`fxviews.calls.c
 one :class:`Entry` for the call's signature in the state now in force, in five steps:
 
 1. **The state before.** The process state is snapshot first, before anything can change it
-   (:func:`~fxviews.state.guard.process_state`), and the objects ``fn`` reaches are found
-   (:func:`~fxviews.state.reachable.reachable_objects`).
+   (:func:`~fxviews.state.guard.process_state`), the objects ``fn`` reaches are found
+   (:func:`~fxviews.state.reachable.reachable_objects`), and the slots of the modules among
+   them, whose tensors the graph takes as inputs read at each call (Note [Parameters are read
+   when the graph runs]).
 2. **What is refused before a trace.** Lazy modules whose parameters do not exist yet (the call
    runs eagerly and the next one traces), arguments with the lazy conjugate or negative bit,
    closures over tensors of an enclosing transform, and iterators ``fn`` reaches (Note [Python
    state a trace rebinds]): an item once taken cannot be put back.
-3. **The trace**, outside every enclosing transform (:func:`_outside_transforms`), recording
-   which modules run; Python state ``fn`` writes is put back and refused
-   (:class:`~fxviews.state.python_state.Rebinding`).
+3. **The trace**, outside every enclosing transform (:func:`_outside_transforms`), on the
+   call's tensors and the slots' (each slot holding its sample while ``fn`` runs), recording
+   which modules run; a module call with hooks is refused (Note [The state a graph bakes in],
+   item 6), Python state ``fn`` writes is put back and refused
+   (:class:`~fxviews.state.python_state.Rebinding`), and slots the graph does not read are
+   dropped from it.
 4. **The rewrite**, built to be run only by fxviews (:func:`~fxviews.rewriting.steps.
    rewrite_in_place` with ``bind_calls``), and the graph's own code
    (:func:`~fxviews.calls.graph_code.run_only_forward`).
 5. **The guard, finished.** One :class:`~fxviews.state.guard.StateGuard` is made from what the
-   steps found: the process state of step 1, the modules reached and those that ran, the names
-   and closure cells ``fn``'s code reads, and the held tensors whose layout the graph depends
-   on. No entry is completed after it is built.
+   steps found: the process state of step 1, the modules reached and those that ran (their
+   modes, registrations and hooks), the names and closure cells ``fn``'s code reads, and the
+   held tensors whose layout the graph depends on; with it the entry keeps its slots and the
+   check of what they hold. No entry is completed after it is built.
 
 Where ``fn``'s result depends on tensor values (a :class:`TracingError` of one of
-:data:`~fxviews.tracing.failures.EAGER_CAUSES`), the entry runs ``fn`` eagerly for good, guarded
-by the modes of the modules it reaches only (it reads everything else afresh). Any other failure
-raises :class:`TraceLater`: this call runs eagerly, the next traces again.
+:data:`~fxviews.tracing.failures.EAGER_CAUSES`), the entry runs ``fn`` eagerly for good,
+guarded by the modes and hooks of the modules it reaches only (it reads everything else
+afresh). Any other failure raises :class:`TraceLater`: this call runs eagerly, the next traces
+again.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fxviews.calls.graph_code import run_only_forward
-from fxviews.calls.keys import Offsets, offsets_of
+from fxviews.calls.keys import Offsets, hot_check, offsets_of
 from fxviews.calls.rebuilding import Rebuilder, output_rebuilder
 from fxviews.passes.compat.torch_internals import (
     disable_current_modes,
@@ -53,6 +60,7 @@ from fxviews.rewriting.printouts import logger, report_rewrite
 from fxviews.rewriting.steps import rewrite_in_place
 from fxviews.state.guard import ModuleCalls, StateGuard, process_state
 from fxviews.state.layouts import layout_bound_constants, offset_bound_inputs
+from fxviews.state.module_slots import NO_SLOTS, ModuleSlots
 from fxviews.state.python_state import ArgumentContainers, Rebinding, why_refused
 from fxviews.state.reachable import (
     reachable_generators,
@@ -99,6 +107,25 @@ class Entry:
     # The storage offsets of graph inputs the graph reads memory of by position (Note [The
     # layout of a call]): a call at other offsets needs another graph.
     offsets: Offsets = ()
+    # The module slots whose tensors the graph takes after the call's (Note [Parameters are
+    # read when the graph runs]), and the C++ check that what they hold is of the kind traced.
+    slots: ModuleSlots = NO_SLOTS
+    slot_kind: Callable[..., bool] | None = None
+
+    def slot_values(self) -> tuple[Any, ...] | None:
+        """What the entry's slots hold now, if it is what the graph was traced for; else None.
+
+        Example::
+
+            >>> entry.forward(*tensors, *entry.slot_values())
+        """
+        values = self.slots.read()
+        if values and (
+            not self.slot_kind(*values)  # type: ignore[misc]
+            or (self.slots.alias_of and not self.slots.aliases_hold(values))
+        ):
+            return None
+        return values
 
 
 class TraceLater(Exception):  # noqa: N818 - a signal, not an error users see
@@ -113,14 +140,16 @@ class TraceLater(Exception):  # noqa: N818 - a signal, not an error users see
 
 
 class _TracedGraph(NamedTuple):
-    """What steps 3 and 4 of the Note give: the graph's forward and how to call it, and what the
-    guard needs of the trace (the modules that ran, the held tensors whose layout it read)."""
+    """What steps 3 and 4 of the Note give: the graph's forward and how to call it (the
+    call's tensors, then what the slots it reads hold), and what the guard needs of the trace
+    (the held tensors whose layout it read)."""
 
     forward: Callable[..., list[Any]]
     input_positions: tuple[int, ...]
     rebuild: Rebuilder
     offsets: Offsets
-    modules_run: list[torch.nn.Module]
+    slots: ModuleSlots
+    slot_kind: Callable[..., bool] | None
     layout_bound: list[torch.Tensor]
 
 
@@ -167,11 +196,13 @@ class EntryBuilder:
                     "lazy module",
                 )
             raise TraceLater(None)  # their first call creates the parameters, quietly
+        slots = ModuleSlots.of(modules)
         try:
-            _check_no_lazy_bits(self.fn, leaves)
-            _check_no_captured_wrappers(self.fn, reached)
-            generators = generators_among([leaves, reachable_generators(reached)])
-            traced = self._trace_keeping_state(spec, leaves, reached, generators)
+            with ModuleCalls() as run:
+                _check_no_lazy_bits(self.fn, leaves)
+                _check_no_captured_wrappers(self.fn, reached)
+                generators = generators_among([leaves, reachable_generators(reached)])
+                traced = self._trace_keeping_state(spec, leaves, slots, reached, generators)
         except TracingError as err:
             if self.strict:
                 raise
@@ -183,7 +214,7 @@ class EntryBuilder:
                 )
                 return Entry(
                     forward=None,
-                    guard=StateGuard.for_eager_calls(process, modules),
+                    guard=StateGuard.for_eager_calls(process, [*run.modules, *modules]),
                     keepalive=keepalive,
                     eager_reason=str(err),
                 )
@@ -191,7 +222,7 @@ class EntryBuilder:
             # this call (its exception, if any, is the user's), and the next call traces again.
             raise TraceLater(str(err)) from err
         guard = StateGuard(
-            process, [*traced.modules_run, *modules], reached=reached, held=traced.layout_bound
+            process, [*run.modules, *modules], reached=reached, held=traced.layout_bound
         )
         return Entry(
             forward=traced.forward,
@@ -200,12 +231,15 @@ class EntryBuilder:
             rebuild=traced.rebuild,
             keepalive=keepalive,
             offsets=traced.offsets,
+            slots=traced.slots,
+            slot_kind=traced.slot_kind,
         )
 
     def _trace_keeping_state(
         self,
         spec: pytree.TreeSpec,
         leaves: list[Any],
+        slots: ModuleSlots,
         reached: list[Any],
         generators: list[torch.Generator],
     ) -> _TracedGraph:
@@ -220,7 +254,7 @@ class EntryBuilder:
         in_arguments: set[str] = set()
         if not changed:  # an iterator's item, once taken, cannot be put back: no trace
             try:
-                traced = self._trace(spec, leaves, generators, in_arguments)
+                traced = self._trace(spec, leaves, slots, generators, in_arguments)
             except TracingError:
                 rebinding.undo()
                 raise
@@ -241,13 +275,18 @@ class EntryBuilder:
         self,
         spec: pytree.TreeSpec,
         leaves: list[Any],
+        slots: ModuleSlots,
         generators: list[torch.Generator],
         changed_arguments: set[str],
     ) -> _TracedGraph:
-        """Trace and rewrite ``fn``'s graph for this signature; ``generators``: those of the
-        call's ``leaves`` and those ``fn`` reaches (Note [Which generators to fork]); what a
-        run of ``fn`` changes in its arguments goes to ``changed_arguments``."""
+        """Trace and rewrite ``fn``'s graph for this signature, taking the call's tensors and
+        then what ``slots`` hold (Note [Parameters are read when the graph runs]);
+        ``generators``: those of the call's ``leaves`` and those ``fn`` reaches (Note [Which
+        generators to fork]); what a run of ``fn`` changes in its arguments goes to
+        ``changed_arguments``."""
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        count = len(positions)
+        held = [slots]  # the slots the graph reads: all while tracing, then those it reads
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
         # and must not keep this call's tensors alive.
         template = [None if i in positions else leaf for i, leaf in enumerate(leaves)]
@@ -255,11 +294,14 @@ class EntryBuilder:
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
             filled = list(template)
-            for position, tensor in zip(positions, tensors, strict=True):
+            for position, tensor in zip(positions, tensors[:count], strict=True):
                 filled[position] = tensor
             args, kwargs = pytree.tree_unflatten(filled, spec)
             containers = ArgumentContainers(self.fn, args, kwargs)
-            out_leaves, out_info["spec"] = pytree.tree_flatten(self.fn(*args, **kwargs))
+            with held[0].holding(tensors[count:]) as rebound:
+                out = self.fn(*args, **kwargs)
+            changed_arguments.update(f"rebinds the module attribute {k}" for k in rebound)
+            out_leaves, out_info["spec"] = pytree.tree_flatten(out)
             changed_arguments.update(containers.changed())
             out_info["from_graph"] = tuple(isinstance(o, _GRAPH_OUTPUT_TYPES) for o in out_leaves)
             out_info["constants"] = tuple(
@@ -270,9 +312,10 @@ class EntryBuilder:
         name = function_name(self.fn)
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
         # batched under) the transforms or tracers this call happens inside either.
-        with _outside_transforms(), ModuleCalls() as calls:
+        with _outside_transforms():
             traced = torch.func.functionalize(flat_fn) if self.functionalize else flat_fn
-            tensors = [leaves[i] for i in positions]
+            slot_values = slots.read()
+            tensors = [*(leaves[i] for i in positions), *slot_values]
             gm = capture(
                 traced,
                 tensors,
@@ -281,7 +324,14 @@ class EntryBuilder:
                 name=name,
                 generators=generators,
             )
-            offsets = offsets_of(tensors, offset_bound_inputs(gm))
+            read = _drop_unread_slots(gm, count)
+            held[0] = slots.keep(read)
+            slot_values = tuple(slot_values[i] for i in read)
+            tensors = tensors[:count] + list(slot_values)
+            bound = offset_bound_inputs(gm)
+            offsets = offsets_of(tensors, [p for p in bound if p < count])
+            slot_offsets = offsets_of(slot_values, [p - count for p in bound if p >= count])
+            slot_kind = hot_check(slot_values, slot_offsets) if slot_values else None
             layout_bound = layout_bound_constants(gm)
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
@@ -294,7 +344,7 @@ class EntryBuilder:
         if _has_dynamic_output_shape(graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         rebuild = output_rebuilder(out_info["spec"], out_info["from_graph"], out_info["constants"])
-        return _TracedGraph(forward, positions, rebuild, offsets, calls.modules, layout_bound)
+        return _TracedGraph(forward, positions, rebuild, offsets, held[0], slot_kind, layout_bound)
 
 
 # What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
@@ -418,3 +468,16 @@ def _check_no_captured_wrappers(fn: Callable[..., Any], reached: list[Any]) -> N
                 f"argument.",
                 "closure over a transformed tensor",
             )
+
+
+def _drop_unread_slots(gm: torch.fx.GraphModule, count: int) -> list[int]:
+    """Erase the inputs of ``gm`` after its first ``count`` (the slots') that nothing reads; the
+    positions, among the slots, of those it keeps."""
+    inputs = [node for node in gm.graph.nodes if node.op == "placeholder"][count:]
+    read = [i for i, node in enumerate(inputs) if node.users]
+    if len(read) < len(inputs):
+        for node in inputs:
+            if not node.users:
+                gm.graph.erase_node(node)
+        gm.recompile()
+    return read

@@ -34,9 +34,12 @@ cache hit for such a call costs as little as the checks it must make. It is writ
    position is also held to its storage offset, checked with the key and in the hot check.
 3. **The state.** A key maps to the entries traced for it, most recently used first; each
    entry holds the guard of the state it was traced in (Note [The state a graph bakes in]:
-   process state and module modes). A hit is that guard passing (~0.2 us, and ~50 ns per
-   module the function reaches); otherwise the call looks through the others, and traces a
-   new one for the state now in force if none passes. The entry it runs becomes the hot one.
+   process state, module modes, hooks). A hit is that guard passing (~0.2 us, and ~50 ns per
+   module the function reaches), and what the modules' slots hold now being of the kind the
+   graph was traced for (Note [Parameters are read when the graph runs]: one C++ check over
+   them, like the hot call's, whose tensors then follow the call's); otherwise the call looks
+   through the others, and traces a new one for the state now in force if none passes. The
+   entry it runs becomes the hot one.
 4. **The LRU order.** Entries are read without a lock, and a hit stamps its entry with the
    next tick of the cache's clock (``itertools.count``, whose ``next`` is atomic). The least
    recently used entry is the one with the oldest stamp, found when a miss overflows the
@@ -83,6 +86,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from fxviews.arguments import check_call
 from fxviews.calls.build import Entry, EntryBuilder, TraceLater
@@ -161,8 +165,14 @@ def cached_function(fn: _F, *, strict: bool, cache_size: int, functionalize: boo
             not guard.check_process()
             or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
             or (guard.bound and not guard.bindings_hold())
+            or (RemovableHandle.next_id != guard.hook_clock and not guard.hooks_hold())
         ):
             return cache.call(args, kwargs)
+        if entry.slots.keys:  # what the model's slots hold now (Note [Parameters are read ...])
+            held = entry.slot_values()
+            if held is None:
+                return cache.call(args, kwargs)
+            args += held
         cache.hits += 1
         entry.last_used = next(clock)
         return entry.rebuild(entry.forward(*args))  # type: ignore[misc]
@@ -242,7 +252,8 @@ class _GraphCache:
             return self._eager(args, kwargs)
         if key is not None:
             self._make_hot(entry, args)
-        return entry.rebuild(entry.forward(*tensors))  # type: ignore[misc]
+        held = entry.slots.read()  # checked by the lookup (Note [Parameters are read ...])
+        return entry.rebuild(entry.forward(*tensors, *held))  # type: ignore[misc]
 
     def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Eager torch.func is not thread-safe (forward-AD levels and the functorch interpreter
@@ -284,7 +295,11 @@ class _GraphCache:
     def _passing(self, key: Any, tensors: Sequence[Any]) -> Entry | None:
         traced = self.entries.get(key, [])
         for position, entry in enumerate(traced):
-            if entry.guard.check() and offsets_hold(tensors, entry.offsets):
+            if (
+                entry.guard.check()
+                and offsets_hold(tensors, entry.offsets)
+                and entry.slot_values() is not None
+            ):
                 if position:
                     traced.insert(0, traced.pop(position))
                 return entry

@@ -22,14 +22,17 @@ finds the entry made for the state now in force):
    ``forward`` runs while the function is traced (:class:`ModuleCalls`), which finds modules
    reached through attributes, containers and ``torch.func.functional_call`` targets.
    Checking them costs ~50 ns a module (a tuple of flags compared with the traced one).
-3. **What a module holds**: the graph holds the parameters and buffers it read by reference,
-   so one assigned anew after the trace (``m.weight = nn.Parameter(...)``,
-   ``load_state_dict(..., assign=True)``, pruning, a parametrization or a submodule swapped
-   in) would leave it reading the old one. Every parameter, buffer or submodule assignment
-   goes through ``nn.Module``'s registration hooks; the global ones fxviews installs count
-   them up in each watched module's ``__dict__`` (:data:`REGISTRATIONS`), read with
-   ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_`` are
-   none (the graph reads the same object, as eager does); a change of layout is item 5's.
+3. **What a module holds**: the tensors of the modules ``fn`` reaches statically are read
+   when the graph runs (Note [Parameters are read when the graph runs] in
+   :mod:`fxviews.state.module_slots`), each checked to be of the kind traced; the graph holds
+   those of modules found only while tracing by reference, so one assigned anew after the
+   trace (``m.weight = nn.Parameter(...)``, ``load_state_dict(..., assign=True)``, pruning, a
+   parametrization or a submodule swapped in) would leave it reading the old one, and a new
+   submodule or parameter changes what ``fn`` computes. Every parameter, buffer or submodule
+   assignment goes through ``nn.Module``'s registration hooks; the global ones fxviews
+   installs count them up in each watched module's ``__dict__`` (:data:`REGISTRATIONS`), read
+   with ``training`` by the same check. Writes into a tensor in place, ``.data`` and ``set_``
+   are none (the graph reads the same object, as eager does); a change of layout is item 5's.
 4. **What its code reads by name**: the module-level names the code of ``fn`` (and of the
    functions it reaches) reads, and its closure cells, each with the object it held when
    traced; modules and classes aside. A graph holds what they held by reference, or baked
@@ -37,14 +40,22 @@ finds the entry made for the state now in force):
    ``nonlocal`` rebinding. Checked by identity (``operator.is_`` mapped in C, ~40 ns a name).
 5. **The layout of what it holds, where the graph depends on it**: a held tensor (a
    parameter, a closed-over tensor) whose memory an ``as_strided`` reads, or whose strides,
-   contiguity or offset Python read while it was recorded (:func:`fxviews.tracing.samples.
+   contiguity or offset Python read while it was recorded (:func:`fxviews.state.layouts.
    layout_bound_constants`). ``model.to(memory_format=torch.channels_last)`` swaps such a
    parameter's ``.data`` under the same object: eager then reads other memory, or takes the
    other branch. Its strides and offset are compared on every call (~0.3 us a tensor; most
-   graphs hold none).
+   graphs hold none). A tensor read from a module slot has its strides checked with its kind.
+6. **The hooks a module call runs**: forward, forward-pre, backward and backward-pre hooks on
+   each module above and the global ones (``register_module_forward_hook``, ...). A trace
+   refuses a module that has any (a hook is a Python function of one call, which a graph
+   cannot keep: that state runs eagerly), so a hook registered or removed later must be seen:
+   the guard holds the keys of each hook dict (the hooks' handle ids, unique in the process).
+   ``RemovableHandle.next_id`` counts every registration in the process: while it is the one
+   the guard last saw, no dict changed (one compare); when it moved, the dicts are compared
+   (~30 ns a dict) and, if they hold, the count is taken as seen.
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
-while tracing and runs eagerly), ``requires_grad`` of inputs and of closed-over parameters
+while tracing and runs eagerly), ``requires_grad`` of closed-over tensors that are no module's
 (autograd reads it at run time on the real tensors; only a Python branch on it would be baked
 in), and other Python state ``fn`` reads (attributes other than ``training``, the contents of
 a list or dict): a function that branches on those must be called through a fresh
@@ -60,8 +71,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from fxviews.passes.compat.torch_internals import GlobalStateGuard, TensorGuards
+from fxviews.passes.compat.torch_internals import (
+    GlobalStateGuard,
+    TensorGuards,
+    global_module_hook_dicts,
+    module_hook_dicts,
+)
 from fxviews.state.reachable import read_globals
 
 __all__ = ["ModuleCalls", "StateGuard", "process_state", "read_training", "same_kind_check"]
@@ -139,6 +156,9 @@ class StateGuard:
         "global_values",
         "globals",
         "held",
+        "hook_clock",
+        "hook_dicts",
+        "hook_keys",
         "modules",
         "names",
         "process",
@@ -180,6 +200,13 @@ class StateGuard:
         self.held = tuple((t, t.stride(), t.storage_offset()) for t in held)
         # Whether items 4 and 5 hold anything: most graphs skip their check.
         self.bound = bool(self.globals or self.cells or self.held)
+        # Item 6: the hook dicts of the modules and the global ones, with their keys now.
+        self.hook_dicts = (
+            *global_module_hook_dicts(),
+            *(d for module in self.modules for d in module_hook_dicts(module)),
+        )
+        self.hook_keys = tuple(map(tuple, self.hook_dicts))
+        self.hook_clock = RemovableHandle.next_id
 
     @classmethod
     def for_eager_calls(
@@ -208,6 +235,16 @@ class StateGuard:
             )
         )
 
+    def hooks_hold(self) -> bool:
+        """Whether every hook dict item 6 watches holds the hooks it held when traced."""
+        clock = RemovableHandle.next_id
+        if clock == self.hook_clock:
+            return True
+        if tuple(map(tuple, self.hook_dicts)) != self.hook_keys:
+            return False
+        self.hook_clock = clock  # registrations elsewhere, or added and removed since
+        return True
+
     def check(self) -> bool:
         """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module,
         ~40 ns a name)."""
@@ -215,6 +252,7 @@ class StateGuard:
             self.check_process()
             and tuple(map(self.read, self.modules)) == self.trainings
             and (not self.bound or self.bindings_hold())
+            and self.hooks_hold()
         )
 
     def failure(self) -> str:
@@ -231,6 +269,8 @@ class StateGuard:
                 "a name or closure cell the function reads now holds another object, or a "
                 "tensor it holds has another layout"
             )
+        if not self.hooks_hold():
+            changed.append("a module hook was registered or removed")
         return ", ".join(changed)
 
 

@@ -329,8 +329,18 @@ def _containers_under(roots: list[tuple[str, Any]]) -> Iterator[tuple[str, Any, 
 
 
 def _items(container: Any) -> list[Any]:
-    """A container's items as a list: a dict's (key, value) pairs, in order."""
-    return list(container.items()) if isinstance(container, dict) else list(container)
+    """A container's items as a list: a dict's (key, value) pairs, in order.
+
+    Read through the built-in type's own methods: a subclass may override ``__len__``,
+    ``__iter__`` or ``items`` to raise or lie (e3nn's ``Irreps``, a tuple whose ``len()`` may
+    raise), and what it holds is what the built-in type stores.
+    """
+    for base in (dict, list, tuple, set, collections.deque):
+        if isinstance(container, base):
+            if base is dict:
+                return list(dict.items(container))
+            return list(base.__iter__(container))  # type: ignore[attr-defined]
+    return list(container)
 
 
 def _same_items(container: Any, items: list[Any]) -> bool:

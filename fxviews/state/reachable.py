@@ -44,9 +44,10 @@ def reachable_objects(fn: Callable[..., Any]) -> Iterator[Any]:
         if isinstance(obj, functools.partial):
             pending += [obj.func, *obj.args, *obj.keywords.values()]
         elif isinstance(obj, (list, tuple)):
-            pending += obj
+            # The built-in type's own iteration: a subclass's may raise or lie (e3nn's Irreps).
+            pending += (list if isinstance(obj, list) else tuple).__iter__(obj)
         elif isinstance(obj, dict):
-            pending += obj.values()
+            pending += dict.values(obj)
         elif isinstance(obj, types.MethodType):
             pending += [obj.__self__, obj.__func__]
         elif _users_function(obj):

@@ -99,9 +99,11 @@ from fxviews.passes.compat.torch_internals import (
     function_apply_attribute,
     functorch_transforms_active,
     get_proxy_mode,
+    global_module_hook_dicts,
     is_fwd_grad_enabled,
     mark_as_parameter,
     module_backward_hooks,
+    module_hook_dicts,
     no_torch_function,
     pytree,
     set_grad_enabled,
@@ -141,6 +143,11 @@ class NotKept(RuntimeError):
         super().__init__(f"{construct}{where}: {why}")
         self.construct = construct
         self.line = line
+
+
+class HooksNotKept(NotKept):
+    """A module call that runs Python hooks besides ``forward`` (Note [The state a graph bakes
+    in], item 6): the function runs eagerly while the module has them."""
 
 
 class ValueReadInFunction(RuntimeError):
@@ -343,6 +350,12 @@ class AutogradWatch:
         """Raise (and remember) a :class:`NotKept` at the user's current line."""
         if self.refusal is None:
             self.refusal = NotKept(construct, why, calling_user_line())
+        raise self.refusal
+
+    def refuse_hooks(self, construct: str) -> NoReturn:
+        """Raise (and remember) a :class:`HooksNotKept` for ``construct``."""
+        if self.refusal is None:
+            self.refusal = HooksNotKept(construct, HOOK, calling_user_line())
         raise self.refusal
 
     def refuse_value_read(self) -> NoReturn:
@@ -616,6 +629,16 @@ class _ModuleHooks:
             self.watch.refuse(
                 f"backward hooks on {type(module).__name__} (register_full_backward_hook)",
                 HOOK,
+            )
+        forward = [
+            hook
+            for hooks in (*module_hook_dicts(module)[:2], *global_module_hook_dicts()[:2])
+            for hook in hooks.values()
+            if not _fxviews_own(hook)
+        ]
+        if forward:
+            raise self.watch.refuse_hooks(
+                f"forward hooks on {type(module).__name__} ({_hook_names(forward)})"
             )
 
 
@@ -905,3 +928,13 @@ class AutogradCalls(TorchFunctionMode):
                 return func(*args, **kwargs)
             handler = _made_requiring_grad
         return handler(self.watch, func, args, kwargs)
+
+
+def _fxviews_own(hook: Any) -> bool:
+    """Whether ``hook`` is one of fxviews' own global hooks, registered while it traces."""
+    return (getattr(hook, "__module__", None) or "").split(".")[0] == "fxviews"
+
+
+def _hook_names(hooks: list[Any]) -> str:
+    """The hooks' names, for a refusal: ``record, log_shapes``."""
+    return ", ".join(getattr(hook, "__qualname__", None) or repr(hook) for hook in hooks)

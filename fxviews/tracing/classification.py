@@ -8,7 +8,7 @@ from fxviews.passes.compat.torch_internals import (
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.random_state import RandomStateFromPython
 from fxviews.passes.source_lines import internal_frame
-from fxviews.tracing.autograd import NotKept, ValueReadInFunction
+from fxviews.tracing.autograd import HooksNotKept, NotKept, ValueReadInFunction
 from fxviews.tracing.failures import (
     Failure,
     TracingError,
@@ -114,6 +114,12 @@ def _unless_a_condition(err: Exception, failure: Failure, cause: str) -> tuple[F
 
 
 def autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
+    if isinstance(err, HooksNotKept):
+        return TracingError(
+            f"{caller} does not trace {name}: it runs {err}. It runs eagerly while the module "
+            f"has them, and is traced again once they are removed.",
+            "module hooks",
+        )
     return TracingError(
         f"{caller} could not trace {name}: it uses {err}. A graph of its aten ops would give "
         f"other gradients than autograd does (Note [What autograd sees is part of the trace]).",

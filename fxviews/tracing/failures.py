@@ -292,18 +292,18 @@ class TracingError(FxViewsError):
     """``fn`` could not be captured as one graph; ``cause`` says why.
 
     ``cause`` is one of ``"control flow"`` (a Python branch on a tensor value),
-    ``"data-dependent shape"`` (a size or Python number computed from tensor values),
-    ``"reads tensor values"`` (``.numpy()``, ``tolist``, a storage, found by ``transform``'s
-    recording, or ``.item()`` of a tensor ``fn`` closes over: values leave the graph),
-    ``"closure over a transformed tensor"``, ``"autograd"`` (an autograd-level construct a
-    graph cannot keep: a hook, ``backward()``, ...; Note [What autograd sees is part of the
-    trace]), ``"lazy conjugate"`` (``transform`` called with a tensor whose conjugate or
-    negative bit is set), ``"rebinds Python state"`` (``self.avg = ...``, a global or a closure
-    cell assigned, or a list or dict written while ``fn`` runs: Note [Python state a trace
-    rebinds]), ``"random state"`` (random state
-    set from Python, or a generator made by ``fn``: Note [Random state set from Python]),
-    ``"lazy module"`` (parameters not created yet) or ``"untraceable"`` (an op neither fake nor
-    real tracing could run).
+    ``"data-dependent shape"`` (a size or Python number computed from tensor values), ``"reads
+    tensor values"`` (``.numpy()``, ``tolist``, a storage, found by ``transform``'s recording,
+    or ``.item()`` of a tensor ``fn`` closes over: values leave the graph), ``"closure over a
+    transformed tensor"``, ``"autograd"`` (an autograd-level construct a graph cannot keep: a
+    hook, ``backward()``, ...; Note [What autograd sees is part of the trace]), ``"module
+    hooks"`` (a module the function calls has forward hooks, or forward-pre ones: Note [The
+    state a graph bakes in], item 6), ``"lazy conjugate"`` (``transform`` called with a tensor
+    whose conjugate or negative bit is set), ``"rebinds Python state"`` (``self.avg = ...``, a
+    global or a closure cell assigned, or a list or dict written while ``fn`` runs: Note [Python
+    state a trace rebinds]), ``"random state"`` (random state set from Python, or a generator
+    made by ``fn``: Note [Random state set from Python]), ``"lazy module"`` (parameters not
+    created yet) or ``"untraceable"`` (an op neither fake nor real tracing could run).
 
     Example::
 
@@ -320,7 +320,8 @@ class TracingError(FxViewsError):
 
 
 #: The causes that are the function's nature for an input signature, not a passing state:
-#: ``transform`` runs such a signature eagerly for good (no later call could trace it).
+#: ``transform`` runs such a signature eagerly (no later call could trace it; "module hooks"
+#: until the hooks are removed, which the entry's guard sees).
 EAGER_CAUSES = frozenset(
     {
         "control flow",
@@ -328,6 +329,7 @@ EAGER_CAUSES = frozenset(
         "reads tensor values",
         "closure over a transformed tensor",
         "autograd",
+        "module hooks",
         "lazy conjugate",
         "rebinds Python state",
         "random state",

@@ -556,6 +556,32 @@ def module_backward_hooks(module: torch.nn.Module) -> tuple[Any, ...]:
     return tuple(hook for hooks in found for hook in hooks.values())
 
 
+def module_hook_dicts(module: torch.nn.Module) -> tuple[dict[int, Any], ...]:
+    """The dicts of the hooks a call of ``module`` runs besides ``forward``: its forward,
+    forward-pre, backward and backward-pre hooks (``_forward_hooks``, ..., 2.0; the ``with
+    kwargs`` and ``always called`` variants are keyed by the same handle ids). Each is keyed by
+    its hook's ``RemovableHandle.id``, unique in the process."""
+    return (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+    )
+
+
+def global_module_hook_dicts() -> tuple[dict[int, Any], ...]:
+    """The dicts of the hooks every module call runs (``register_module_forward_hook`` and its
+    kin: ``torch.nn.modules.module._global_forward_hooks``, ..., 2.0)."""
+    from torch.nn.modules import module as modules
+
+    return (
+        modules._global_forward_hooks,
+        modules._global_forward_pre_hooks,
+        modules._global_backward_hooks,
+        modules._global_backward_pre_hooks,
+    )
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -800,6 +826,8 @@ BOUND_NAMES = (
     "tensor_is_view",
     "tensor_hooks",
     "module_backward_hooks",
+    "module_hook_dicts",
+    "global_module_hook_dicts",
     "dynamo_functorch_calls",
     "wrap_dynamo_tensor_method",
     "forget_static_evaluations",

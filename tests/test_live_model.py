@@ -1,0 +1,361 @@
+"""The model is live: what libraries do to a model between calls, followed on every call.
+
+Each test runs a model through ``fxviews.transform`` and an eager twin (a deep copy) side by
+side, changes both the same way between calls (parameters swapped by ``functional_call``,
+``stack_module_state`` ensembles, MAML steps, parametrizations, ``swap_tensors``,
+``load_state_dict``, dtype changes, ``requires_grad_``, hooks added and removed), and compares
+everything a call touches: outputs, gradients and tangents by each route, buffers, parameters
+and hook calls (Note [Parameters are read when the graph runs] in
+``fxviews/state/module_slots.py``; Note [The state a graph bakes in], item 6, in
+``fxviews/state/guard.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, hessian, jvp, stack_module_state, vmap
+
+import fxviews
+from tests.reference import assert_tree_close
+
+
+class Block(nn.Module):
+    """A small model in the style of real ones: a linear layer, a norm with running stats, a
+    second layer whose weight is read twice (a tied use), dropout left out (random)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 6)
+        self.norm = nn.BatchNorm1d(6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.norm(self.inp(x)))
+        return self.out(h) + h[:, :3] @ self.out.weight[:, :3].t()
+
+
+def _twins(model: nn.Module, route: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(transformed, eager) callables of ``model`` and its deep copy, by ``route``:
+    ``transform(model)``, ``model.forward = transform(model.forward)``, or the function of
+    parameters ``functional_call`` makes of it."""
+    twin = copy.deepcopy(model)
+    if route == "module":
+        return fxviews.transform(model), twin
+    if route == "forward":
+        model.forward = fxviews.transform(model.forward)  # type: ignore[method-assign]
+        return model, twin
+    assert route == "functional"
+    tf = fxviews.transform(lambda p, x: functional_call(model, p, (x,)))
+    return (lambda x: tf(dict(model.named_parameters()), x)), twin
+
+
+ROUTES = ["module", "forward", "functional"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_calls_follow_training_and_buffers(route):
+    torch.manual_seed(0)
+    model = Block()
+    tf, ref = _twins(model, route)
+    twin = ref
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        assert_tree_close(tf(x), twin(x))
+    assert_tree_close(dict(model.named_buffers()), dict(twin.named_buffers()))
+    model.eval(), twin.eval()
+    x = torch.randn(5, 4)
+    assert_tree_close(tf(x), twin(x))
+
+
+def test_functional_call_swaps_are_what_runs():
+    torch.manual_seed(1)
+    model = Block().eval()
+    _, twin = _twins(model, "forward")
+    x = torch.randn(5, 4)
+    model(x)
+    call = model
+    swapped = {k: v.detach() + 0.5 for k, v in twin.named_parameters()}
+    # A dict of all parameters, part of them (strict=False keeps the others), and buffers.
+    assert_tree_close(functional_call(call, swapped, (x,)), functional_call(twin, swapped, (x,)))
+    part = {"out.weight": swapped["out.weight"]}
+    assert_tree_close(functional_call(call, part, (x,)), functional_call(twin, part, (x,)))
+    stats = {"norm.running_mean": torch.full((6,), 0.3), "norm.running_var": torch.full((6,), 2.0)}
+    assert_tree_close(functional_call(call, stats, (x,)), functional_call(twin, stats, (x,)))
+    # After the swaps the module's own tensors are back, and used.
+    assert_tree_close(model(x), twin(x))
+    with pytest.raises(RuntimeError) as eager_error:
+        functional_call(twin, {"nope": torch.ones(1)}, (x,), strict=True)
+    with pytest.raises(RuntimeError) as error:
+        functional_call(call, {"nope": torch.ones(1)}, (x,), strict=True)
+    assert str(error.value) == str(eager_error.value)
+
+
+def test_tied_weights_through_functional_call():
+    torch.manual_seed(2)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Linear(4, 4, bias=False)
+            self.dec = nn.Linear(4, 4, bias=False)
+            self.dec.weight = self.enc.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dec(torch.relu(self.enc(x)))
+
+    model = Tied()
+    tf, twin = _twins(model, "forward")
+    x = torch.randn(3, 4)
+    assert_tree_close(model(x), twin(x))
+    new = {"enc.weight": torch.randn(4, 4)}
+    for tie in (True, False):
+        got = functional_call(model, new, (x,), tie_weights=tie)
+        assert_tree_close(got, functional_call(twin, new, (x,), tie_weights=tie))
+
+
+def _loss(apply: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda p, x: apply(p, x).pow(2).sum()
+
+
+@pytest.mark.parametrize("route", ["forward", "functional"])
+def test_parameters_swapped_under_each_transform(route):
+    torch.manual_seed(3)
+    model = Block().eval()
+    twin = copy.deepcopy(model)
+    if route == "forward":  # the library swaps the transformed model's parameters
+        model.forward = fxviews.transform(model.forward)  # type: ignore[method-assign]
+        apply = lambda p, x: functional_call(model, p, (x,))  # noqa: E731
+    else:  # the function of the parameters is transformed
+        apply = fxviews.transform(lambda p, x: functional_call(model, p, (x,)))
+    eager = lambda p, x: functional_call(twin, p, (x,))  # noqa: E731
+    x = torch.randn(5, 4)
+    params = {k: v.detach() + 0.1 for k, v in twin.named_parameters()}
+    # grad, vmap(grad) at batch dims 0 and 1 (physically there), jvp, hessian: all through the
+    # parameters swapped in.
+    assert_tree_close(grad(_loss(apply))(params, x), grad(_loss(eager))(params, x))
+    per_sample = lambda f: lambda p, xi: _loss(f)(p, xi[None])  # noqa: E731
+    for dim in (0, 1):
+        xb = x.movedim(0, dim).contiguous().movedim(dim, 0)
+        got = vmap(grad(per_sample(apply)), (None, 0))(params, xb)
+        assert_tree_close(got, vmap(grad(per_sample(eager)), (None, 0))(params, xb))
+    tangents = {k: torch.randn_like(v) for k, v in params.items()}
+    got = jvp(lambda p: _loss(apply)(p, x), (params,), (tangents,))
+    assert_tree_close(got, jvp(lambda p: _loss(eager)(p, x), (params,), (tangents,)))
+    small = {"out.bias": params["out.bias"]}
+    got = hessian(lambda p: _loss(apply)(p, x))(small)
+    assert_tree_close(got, hessian(lambda p: _loss(eager)(p, x))(small))
+
+
+@pytest.mark.parametrize("in_dim", [0, 1])
+def test_stack_module_state_ensemble_gets_a_graph(in_dim):
+    torch.manual_seed(4)
+    members = [nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)) for _ in range(3)]
+    params, buffers = stack_module_state(members)
+    # The batch dim physically at in_dim, as vmap's in_dims says.
+    params = {
+        k: v.movedim(0, in_dim).contiguous().movedim(in_dim, 0) if v.dim() > in_dim else v
+        for k, v in params.items()
+    }
+    base = copy.deepcopy(members[0]).to("meta")
+
+    def ensemble(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], x: torch.Tensor):
+        return functional_call(base, (p, b), (x,))
+
+    tf = fxviews.transform(ensemble)
+    x = torch.randn(6, 4)
+    expected = torch.stack([m(x) for m in members])
+    for _ in range(2):
+        assert_tree_close(vmap(tf, in_dims=(0, 0, None))(params, buffers, x), expected)
+    assert tf.cache_info().eager == 0 and tf.cache_info().misses == 1
+
+    # The model's own forward transformed, the ensemble swapped in by functional_call.
+    model = copy.deepcopy(members[0])
+    model.forward = fxviews.transform(model.forward)  # type: ignore[method-assign]
+    got = vmap(lambda p, xx: functional_call(model, p, (xx,)), in_dims=(0, None))(params, x)
+    assert_tree_close(got, expected)
+    assert model.forward.cache_info().eager == 0  # type: ignore[attr-defined]
+
+
+def test_maml_inner_steps_swap_parameters():
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    tf, twin = _twins(net, "forward")
+
+    def adapted_loss(module: nn.Module, p: dict[str, torch.Tensor], x, y) -> torch.Tensor:
+        for _ in range(2):
+            g = grad(lambda q: (functional_call(module, q, (x,)) - y).pow(2).mean())(p)
+            p = {k: v - 0.1 * g[k] for k, v in p.items()}
+        return (functional_call(module, p, (x,)) - y).pow(2).mean()
+
+    p0 = {k: v.detach() for k, v in twin.named_parameters()}
+    for x, y in [(torch.randn(6, 4), torch.randn(6, 1)) for _ in range(2)]:
+        got = grad(adapted_loss, argnums=1)(net, p0, x, y)
+        want = grad(adapted_loss, argnums=1)(twin, p0, x, y)
+        assert_tree_close(got, want)
+        p0 = {k: v - 0.05 * want[k] for k, v in p0.items()}
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "weight_norm"])
+def test_parametrizations(kind):
+    torch.manual_seed(6)
+    layer = nn.Linear(4, 4)
+    getattr(nn.utils.parametrizations, kind)(layer)
+    tf, twin = _twins(layer, "module")
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        out, ref = tf(x), twin(x)
+        assert_tree_close(out, ref)
+        got = torch.autograd.grad(out.pow(2).sum(), list(layer.parameters()))
+        want = torch.autograd.grad(ref.pow(2).sum(), list(twin.parameters()))
+        assert_tree_close(got, want)
+        with torch.no_grad():  # an optimizer step on the parametrization's original
+            for p, q in zip(layer.parameters(), twin.parameters(), strict=True):
+                p.sub_(0.1 * torch.ones_like(p))
+                q.sub_(0.1 * torch.ones_like(q))
+
+
+def test_swap_tensors_load_state_dict_and_dtype_changes():
+    torch.manual_seed(7)
+    model = Block().eval()
+    tf, twin = _twins(model, "forward")
+    x = torch.randn(5, 4)
+    assert_tree_close(model(x), twin(x))
+    for m in (model, twin):  # the same object, other contents
+        torch.utils.swap_tensors(m.out.weight, nn.Parameter(torch.ones(3, 6)))
+    assert_tree_close(model(x), twin(x))
+    state = {k: v + 1 for k, v in Block().eval().state_dict().items()}
+    for assign in (False, True):
+        model.load_state_dict(state, assign=assign), twin.load_state_dict(state, assign=assign)
+        assert_tree_close(model(x), twin(x))
+    model.double(), twin.double()
+    assert_tree_close(model(x.double()), twin(x.double()))
+    model.inp.weight.requires_grad_(False), twin.inp.weight.requires_grad_(False)
+    got = torch.autograd.grad(model(x.double()).sum(), [model.out.weight, model.inp.bias])
+    want = torch.autograd.grad(twin(x.double()).sum(), [twin.out.weight, twin.inp.bias])
+    assert_tree_close(got, want)
+
+
+def test_meta_sgd_style_parameter_replaced_by_a_plain_tensor():
+    # torchopt's MetaSGD: pop the Parameter, set a plain tensor attribute in its place.
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    tf, twin = _twins(model, "forward")
+    x = torch.randn(3, 4)
+    assert_tree_close(model(x), twin(x))
+    for step in range(3):
+        for m in (model, twin):
+            sub = m[0]
+            w = sub._parameters.pop("weight", None)
+            sub.weight = (w if w is not None else sub.weight).detach() * 0.5 + step
+        assert_tree_close(model(x), twin(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Hooks
+
+
+def _hook_kinds() -> dict[str, Callable[[nn.Module, list[str]], Any]]:
+    """Each kind of module hook, registered on a module, appending its name when it runs."""
+    return {
+        "forward": lambda m, log: m.register_forward_hook(lambda *a: log.append("f")),
+        "forward doubling": lambda m, log: m.register_forward_hook(
+            lambda mod, args, out: (log.append("fd"), out * 2)[1]
+        ),
+        "forward pre": lambda m, log: m.register_forward_pre_hook(lambda *a: log.append("p")),
+        "full backward": lambda m, log: m.register_full_backward_hook(lambda *a: log.append("b")),
+        "backward pre": lambda m, log: m.register_full_backward_pre_hook(
+            lambda *a: log.append("bp")
+        ),
+    }
+
+
+@pytest.mark.parametrize("where", ["root", "submodule"])
+@pytest.mark.parametrize("kind", sorted(_hook_kinds()))
+@pytest.mark.parametrize("route", ["module", "forward"])
+def test_hooks_added_and_removed_between_calls_run_as_eager(route, kind, where):
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    tf, twin = _twins(model, route)
+    log: list[str] = []
+    ref_log: list[str] = []
+
+    def step() -> None:
+        x = torch.randn(3, 4, requires_grad=True)
+        out, ref = tf(x), twin(x)
+        assert_tree_close(out, ref)
+        got = torch.autograd.grad(out.pow(2).sum(), x)
+        assert_tree_close(got, torch.autograd.grad(ref.pow(2).sum(), x))
+        assert log == ref_log
+
+    step()  # traced without hooks
+    register = _hook_kinds()[kind]
+    handles = [
+        register(model if where == "root" else model[2], log),
+        register(twin if where == "root" else twin[2], ref_log),
+    ]
+    step()
+    step()
+    for handle in handles:
+        handle.remove()
+    step()  # the hook's effect is gone again
+    assert log and log == ref_log
+
+
+def test_hooks_present_at_the_first_call_and_global_hooks():
+    torch.manual_seed(10)
+    lin = nn.Linear(4, 3)
+    calls: list[int] = []
+    lin.register_forward_hook(lambda *a: calls.append(1))
+    tf = fxviews.transform(lin)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        assert_tree_close(tf(x), x @ lin.weight.t() + lin.bias)
+    assert len(calls) == 3
+
+    seen: list[str] = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, a, o: seen.append(type(m).__name__)
+    )
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        tf2 = fxviews.transform(model)
+        tf2(x), tf2(x)
+    finally:
+        handle.remove()
+    expected = ["Linear", "ReLU", "Sequential"] * 2
+    assert seen == expected
+    tf2(x)
+    assert seen == expected  # removed: nothing more runs it
+
+
+def test_a_module_holding_objects_whose_dunders_raise():
+    # e3nn's Irreps: len() may raise; a module holds it and branches on other attributes.
+    class Irreps(tuple):
+        def __len__(self) -> int:
+            raise NotImplementedError
+
+        def __eq__(self, other: object) -> bool:
+            raise NotImplementedError
+
+        __hash__ = tuple.__hash__
+
+    class Equivariant(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.irreps = Irreps((1, 2))
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * 2
+
+    model = Equivariant()
+    tf, twin = _twins(model, "forward")
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        assert_tree_close(model(x), twin(x))
