@@ -17,7 +17,8 @@ NEWEST_STAMP := $(NEWEST_VENV)/.fxviews-installed
 # `make test-oldest-torch`: the whole suite again, in its own virtualenv, on the oldest torch
 # release the declared range allows, with the torchvision built for it and timm (the zoo extra),
 # so the real-model tests run on a pair that imports together (FXVIEWS_REQUIRE_ZOO=1: they fail
-# rather than skip where the zoo does not import).
+# rather than skip where the zoo does not import), and the client libraries of
+# tests/test_clients.py (the clients extra: laplace-torch and nngeometry need that torchvision).
 OLDEST_VENV ?= .venv-oldest-torch
 OLDEST_TORCH ?= 2.11.0
 OLDEST_TORCHVISION ?= 0.26.0
@@ -127,11 +128,11 @@ test-newest-torch: $(NEWEST_STAMP)
 $(OLDEST_PY):
 	$(PYTHON) -m venv $(OLDEST_VENV)
 
-# One pip call, so torch, torchvision and fxviews resolve together.
+# One pip call, so torch, torchvision, the client libraries and fxviews resolve together.
 $(OLDEST_STAMP): pyproject.toml | $(OLDEST_PY)
 	$(OLDEST_PY) -m pip install -q --upgrade pip
 	$(OLDEST_PY) -m pip install -q torch==$(OLDEST_TORCH) torchvision==$(OLDEST_TORCHVISION) \
-		-e '.[test,zoo]'
+		-e '.[test,zoo,clients]'
 	touch $(OLDEST_STAMP)
 
 test-oldest-torch: $(OLDEST_STAMP)
