@@ -103,6 +103,17 @@ def cross_entropy_steps(model: nn.Module, optimizer: torch.optim.Optimizer) -> I
         yield loss.detach(), state_of(model)
 
 
+def squared_output_steps(model: nn.Module, inputs: torch.Tensor) -> Iterator[Any]:
+    """Three Adam steps on the mean squared output, yielding each output and the state after."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        out = model(inputs)
+        out.pow(2).mean().backward()
+        optimizer.step()
+        yield out.detach(), state_of(model)
+
+
 # Causes of today's failures, as far as fxviews' code tells them.
 SWAPPED_BY_DICT_WRITE = (
     "issue 49: parameters swapped in by writing module._parameters[name] (functional_call's "
@@ -282,15 +293,7 @@ def test_torchrl_multi_agent_mlp() -> None:
         )
 
     def use(model: nn.Module) -> Any:
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-        trail = []
-        for _ in range(3):
-            optimizer.zero_grad()
-            out = model(observations)
-            out.pow(2).mean().backward()
-            optimizer.step()
-            trail.append((out.detach(), state_of(model)))
-        return trail
+        return list(squared_output_steps(model, observations))
 
     assert_library_matches_plain(build, use)
 
@@ -609,15 +612,7 @@ def test_e3nn_equivariant_layers() -> None:
     x = torch.randn(5, 5, generator=torch.Generator().manual_seed(8))
 
     def use(model: nn.Module) -> Any:
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-        trail = []
-        for _ in range(3):
-            optimizer.zero_grad()
-            out = model(x)
-            out.pow(2).mean().backward()
-            optimizer.step()
-            trail.append((out.detach(), state_of(model)))
-        return trail
+        return list(squared_output_steps(model, x))
 
     assert_library_matches_plain(Net, use)
 
