@@ -9,7 +9,9 @@ may save files), and fails if it raises; snippets state their results as asserti
 A block right after a line starting with ``<!-- not run`` is deliberately not runnable (an
 excerpt of a traced graph, say) and is left out: keep those rare. Output samples use other
 fences (```` ```sh ````, a bare ```` ``` ````) and are not Python. Blocks that import a module of
-the ``onnx`` or ``executorch`` extra are skipped without it, as their test files are.
+the ``onnx`` or ``executorch`` extra are skipped without it, as their test files are, and so
+are those importing a client library (docs/clients.md), failed instead under
+``FXVIEWS_REQUIRE_ZOO=1`` as ``tests/test_clients.py`` is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_models import require_zoo_or_skip
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 #: A line starting with this, right before a ```python fence, marks the block as not run.
@@ -31,6 +35,23 @@ NOT_RUN = "<!-- not run"
 ONNX_EXTRA = frozenset({"onnx", "onnxscript", "onnxruntime"})
 #: Modules of the optional extras: a block importing one is skipped without it.
 OPTIONAL = ONNX_EXTRA | {"executorch", "openvino", "iree", "tvm", "litert_torch", "torchax"}
+#: The client libraries of docs/clients.md (the ``clients`` extra): a block importing one is
+#: skipped without it, or failed under FXVIEWS_REQUIRE_ZOO=1, as tests/test_clients.py is.
+CLIENTS = frozenset(
+    {
+        "posteriors",
+        "torchopt",
+        "tensordict",
+        "torchrl",
+        "laplace",
+        "curvlinops",
+        "nngeometry",
+        "torchjd",
+        "e3nn",
+        "zuko",
+        "opacus",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -93,10 +114,12 @@ SNIPPETS = [
     ids=lambda s: f"{s.path.relative_to(ROOT).as_posix()}:{s.line}",
 )
 def test_readme_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
-    optional = imported_modules(snippet.source) & OPTIONAL
+    imported = imported_modules(snippet.source)
+    optional = imported & OPTIONAL
     needed = optional | (ONNX_EXTRA if optional & ONNX_EXTRA else set())
     for name in sorted(needed):
         pytest.importorskip(name)
+    require_zoo_or_skip(*sorted(imported & CLIENTS), extra="clients")
     assert run_snippet(snippet, tmp_path) == ""
 
 
