@@ -42,7 +42,7 @@ from torch.func import functional_call
 from torch.utils.data import DataLoader, TensorDataset
 
 import fxviews
-from fxviews.transforming import CacheInfo
+from fxviews.calls.cache import CacheInfo
 from tests.real_models import require_zoo_or_skip
 from tests.reference import assert_tree_close
 
@@ -114,34 +114,9 @@ def squared_output_steps(model: nn.Module, inputs: torch.Tensor) -> Iterator[Any
         yield out.detach(), state_of(model)
 
 
-# Causes of today's failures, as far as fxviews' code tells them.
-SWAPPED_BY_DICT_WRITE = (
-    "issue 49: parameters swapped in by writing module._parameters[name] (functional_call's "
-    "swap_tensor{}) fire no registration hook, so guard 3 sees no change and the graph reads "
-    "the parameters it held at the first call"
-)
-HOOKS_RAN_IN_TRACE = (
-    "issue 49: the first call's trace, refused because a forward hook calls "
-    "Tensor.register_hook (or applies an autograd.Function a graph cannot keep), had already "
-    "run the submodules' forward hooks on the trace's inputs; the call then runs eagerly and "
-    "runs them again, so the library's hooks {}"
-)
-
-
-def fails_today(raises: type[BaseException], reason: str) -> pytest.MarkDecorator:
-    """The mark of a use that fails on today's code, with the exception it fails with (so a
-    library that does not import, failed under ``FXVIEWS_REQUIRE_ZOO=1``, is not taken for
-    it); strict, so the fix that makes it pass reports it."""
-    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
-
-
 # --- torchopt -------------------------------------------------------------------------------
 
 
-@fails_today(
-    AssertionError,
-    SWAPPED_BY_DICT_WRITE.format(", here MetaOptimizer.step's container.update"),
-)
 def test_torchopt_meta_sgd_inner_loop() -> None:
     """MAML as torchopt's docs write it: ``MetaSGD(net).step(loss)`` puts the updated
     (differentiable) parameters into the net, the outer loss differentiates through them, and
@@ -168,7 +143,6 @@ def test_torchopt_meta_sgd_inner_loop() -> None:
     assert_library_matches_plain(mlp, use)
 
 
-@fails_today(AssertionError, SWAPPED_BY_DICT_WRITE.format(""))
 def test_torchopt_functional_adam() -> None:
     """torchopt's functional API: ``grad`` of a loss through ``functional_call``, then
     ``adam().update`` and ``apply_updates`` give new parameters every step."""
@@ -219,12 +193,6 @@ def _ensemble(model: nn.Module, members: int = 3) -> list[nn.Module]:
     return copies
 
 
-@fails_today(
-    AssertionError,
-    "issue 49: runs eagerly: the stacked parameters to_module swaps in are tensors of "
-    "the enclosing vmap, and transform refuses a forward reading a tensor wrapped by an "
-    "enclosing transform that is not its argument",
-)
 def test_tensordict_ensemble_under_vmap() -> None:
     """tensordict's ensembles: ``TensorDict.from_modules(*members)`` stacks their parameters,
     and ``vmap`` over a function that calls the model inside ``params.to_module(model)``."""
@@ -266,13 +234,6 @@ def test_tensordict_to_module_swaps() -> None:
 # --- torchrl --------------------------------------------------------------------------------
 
 
-@fails_today(
-    AssertionError,
-    "issue 49: runs eagerly: torchrl's MLP keeps list iterators from __init__ "
-    "(_layer_kwargs_iter, ...) that forward never advances, and transform refuses every "
-    "iterator a function reaches; past that, the per-agent parameters are swapped in under "
-    "vmap (the ensemble's cause)",
-)
 def test_torchrl_multi_agent_mlp() -> None:
     """torchrl's ``MultiAgentMLP`` (one MLP per agent, parameters stacked and swapped in under
     ``vmap``), trained a few steps with Adam."""
@@ -362,7 +323,6 @@ def _posteriors_updates(model: nn.Module, build: Callable[[Any], Any]) -> Any:
     return trail
 
 
-@fails_today(AssertionError, SWAPPED_BY_DICT_WRITE.format(""))
 @pytest.mark.parametrize("method", ["laplace.diag_fisher", "vi.diag", "sgmcmc.sghmc"])
 def test_posteriors(method: str) -> None:
     """posteriors' diagonal-Fisher Laplace (per-sample ``jacrev``), diagonal VI (Adam through
@@ -386,25 +346,7 @@ def test_posteriors(method: str) -> None:
 
 @pytest.mark.parametrize(
     "operator",
-    [
-        pytest.param(
-            name,
-            marks=fails_today(
-                RuntimeError,
-                SWAPPED_BY_DICT_WRITE.format("")
-                + "; the library's vmap over the vector's columns then finds the graph's "
-                "output without their batch dim: 'The expanded size of the tensor (1) must "
-                "match the existing size (3)'",
-            ),
-        )
-        for name in ("GGNLinearOperator", "EFLinearOperator")
-    ]
-    + [
-        pytest.param(
-            "KFACLinearOperator",
-            marks=fails_today(AssertionError, HOOKS_RAN_IN_TRACE.format("fired twice")),
-        )
-    ],
+    ["GGNLinearOperator", "EFLinearOperator", "KFACLinearOperator"],
 )
 def test_curvlinops(operator: str) -> None:
     """curvlinops' GGN, empirical Fisher (``functional_call`` with ``jvp``/``vjp`` under
@@ -434,27 +376,20 @@ def test_curvlinops(operator: str) -> None:
 @pytest.mark.parametrize(
     "approximation",
     [
-        pytest.param(
-            name,
-            marks=fails_today(
-                AssertionError,
-                SWAPPED_BY_DICT_WRITE.format(", under laplace's jacrev"),
-            ),
-        )
-        for name in ("all diag GGN", "all diag EF")
-    ]
-    + [
+        "all diag GGN",
+        "all diag EF",
         pytest.param(
             "last_layer kron",
-            marks=fails_today(
-                ValueError,
-                "not issue 49's core: LLLaplace deep-copies the model, and the copy's "
-                "forward attribute is the same transformed function, bound to the original "
-                "model (as with torch.compile put there), so the hooks its FeatureExtractor "
-                "registers on the copy's layers never fire: 'Something went wrong (all "
-                "modules have children)'",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=ValueError,
+                reason="a limit (docs/clients.md): LLLaplace deep-copies the model, and the "
+                "copy's forward attribute is the same transformed function, bound to the "
+                "original model (as with torch.compile put there), so the hooks its "
+                "FeatureExtractor registers on the copy's layers never fire: 'Something went "
+                "wrong (all modules have children)'",
             ),
-        )
+        ),
     ],
 )
 def test_laplace_torch(approximation: str) -> None:
@@ -492,13 +427,7 @@ def test_laplace_torch(approximation: str) -> None:
     "matrix",
     [
         "FIM diag",
-        pytest.param(
-            "Hessian dense",
-            marks=fails_today(
-                AssertionError,
-                SWAPPED_BY_DICT_WRITE.format(", under hessian"),
-            ),
-        ),
+        "Hessian dense",
     ],
 )
 def test_nngeometry(matrix: str) -> None:
@@ -553,13 +482,6 @@ def test_torchjd_autojac() -> None:
     assert_library_matches_plain(mlp, use)
 
 
-@fails_today(
-    ValueError,
-    HOOKS_RAN_IN_TRACE.format(
-        "recorded a forward pass no backward pass follows: 'Some modules had a forward pass "
-        "without an associated backward pass'"
-    ),
-)
 def test_torchjd_autogram() -> None:
     """torchjd's autogram ``Engine(model, batch_dim=0)`` (hooks on the model's modules): the
     Gramian of the per-sample losses, weighted by MGDA, an SGD step."""
@@ -587,12 +509,6 @@ def test_torchjd_autogram() -> None:
 # --- e3nn -----------------------------------------------------------------------------------
 
 
-@fails_today(
-    NotImplementedError,
-    "issue 49 (and the issue it names for it): transform's walk of the Python state a "
-    "function reaches (fxviews/python_state.py) calls len() on an e3nn Irrep the module "
-    "holds, whose __len__ raises NotImplementedError",
-)
 def test_e3nn_equivariant_layers() -> None:
     """e3nn's ``FullyConnectedTensorProduct`` and ``o3.Linear`` (modules holding ``Irreps``
     and code e3nn generates with ``torch.fx``), trained a few steps with Adam."""
@@ -655,15 +571,7 @@ def test_zuko_flow() -> None:
     [
         "hooks",
         "functorch",
-        pytest.param(
-            "hooks after a call",
-            marks=fails_today(
-                AttributeError,
-                "issue 49: the graph cached at the first call has no hooks, and hooks "
-                "registered later (make_private's, on the layers) never run: p.grad_sample "
-                "stays None",
-            ),
-        ),
+        "hooks after a call",
     ],
 )
 def test_opacus_private_training(mode: str) -> None:

@@ -965,9 +965,13 @@ def test_a_parameter_or_submodule_assigned_anew_is_seen(replace: Callable[[nn.Mo
         want.sum().backward()
     grads = [[p.grad for p in net.parameters()] for net in (model, twin)]
     assert_tree_close(grads[0], grads[1])
-    # One trace before, one after; pruning's forward pre-hook runs on every call, which a trace
-    # refuses (Note [The state a graph bakes in], item 6): that state runs eagerly.
-    assert tf.cache_info().misses == 2
+    # A parameter assigned in place of one is read when the graph runs, as functional_call's
+    # are (Note [Parameters are read when the graph runs]): one trace. A new parameter or
+    # submodule changes what the function computes: one trace before, one after; pruning's
+    # forward pre-hook runs on every call, which a trace refuses (Note [The state a graph bakes
+    # in], item 6): that state runs eagerly.
+    swaps = (_replace_weight, _load_assigning)
+    assert tf.cache_info().misses == (1 if replace in swaps else 2)
     assert tf.cache_info().eager == (1 if replace is _prune else 0)
 
 

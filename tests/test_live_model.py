@@ -359,3 +359,23 @@ def test_a_module_holding_objects_whose_dunders_raise():
     x = torch.randn(2, 4)
     for _ in range(2):
         assert_tree_close(model(x), twin(x))
+
+
+def test_a_swap_of_the_same_kind_reuses_the_graph():
+    # "No retrace where the signature is the same": functional_call's swaps, a parameter
+    # assigned in place of one, and swap_tensors each run the one graph on what they put there.
+    torch.manual_seed(11)
+    model = Block().eval()
+    _, twin = _twins(model, "forward")
+    x = torch.randn(5, 4)
+    model(x)
+    for step in range(3):
+        swapped = {k: nn.Parameter(v.detach() * (step + 2)) for k, v in twin.named_parameters()}
+        assert_tree_close(
+            functional_call(model, swapped, (x,)), functional_call(twin, swapped, (x,))
+        )
+    for m in (model, twin):
+        m.out.weight = nn.Parameter(torch.ones(3, 6))
+        torch.utils.swap_tensors(m.inp.bias, nn.Parameter(torch.zeros(6)))
+    assert_tree_close(model(x), twin(x))
+    assert model.forward.cache_info().misses == 1  # type: ignore[attr-defined]

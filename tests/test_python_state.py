@@ -152,14 +152,31 @@ class Streaming(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.source = batches()
-        self.spare = iter([torch.ones(4) * i for i in range(8)])
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        return (w * next(self.source)).sum() + next(self.spare).sum()
+        return (w * next(self.source)).sum()
 
 
 def iterators() -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[], Any]]:
     model = Streaming()
+    return model, (), lambda: ()
+
+
+class Spare(nn.Module):
+    """Takes its next scale from an iterator over a list (whose position can be put back), and
+    holds another it never advances (torchrl's MLP holds such iterators of its layers' options)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = iter([torch.ones(4) * i for i in range(8)])
+        self.options = iter([{"bias": True}, {"bias": False}])
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return (w * next(self.spare)).sum()
+
+
+def list_iterators() -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[], Any]]:
+    model = Spare()
     return model, (), lambda: ()
 
 
@@ -172,6 +189,7 @@ PROGRAMS: dict[str, Program] = {
     "default_memo": default_memo,
     "python_random": python_random,
     "iterators": iterators,
+    "list_iterators": list_iterators,
 }
 
 
@@ -206,6 +224,7 @@ def test_the_message_names_the_function_the_state_and_what_to_write_instead(capl
         run(argument_list, fxviews.transform, calls=1)
         run(python_random, fxviews.transform, calls=1)
         run(iterators, fxviews.transform, calls=1)
+        run(list_iterators, fxviews.transform, calls=1)
     text = caplog.text
     line = global_logging.__code__.co_firstlineno + 3  # def loss
     assert f"cannot trace global_logging.<locals>.loss (tests/test_python_state.py:{line})" in text
@@ -223,7 +242,7 @@ def test_the_message_names_the_function_the_state_and_what_to_write_instead(capl
         "draws from NumPy's random state",
         "draws from the Generator Explorer.noise",
         "reaches the generator Streaming.source",
-        "reaches the list_iterator Streaming.spare",
+        "advances the list_iterator Spare.spare",
     ):
         assert changed in text
     assert "return what it logs, caches or updates, and store it after the call" in text
@@ -314,3 +333,24 @@ def test_state_written_before_fn_raises_is_what_eager_writes() -> None:
         return [(is_batchedtensor(t), tuple(t.shape)) for t in log]
 
     assert logged(fxviews.transform) == logged(lambda fn: fn) == [(True, (4,))]
+
+
+def test_an_iterator_over_a_list_the_function_never_advances_keeps_its_graph() -> None:
+    # torchrl's MLP holds iterators over its layers' options, built in __init__ and never
+    # advanced by forward: its position is read before the trace and found the same after.
+    class Holding(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.options = iter([{"bias": True}, {"bias": False}])
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).tanh()
+
+    model = Holding()
+    tf = fxviews.transform(model)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        assert_tree_close(tf(x), model.lin(x).tanh(), rtol=0, atol=0)
+    assert tf.cache_info().eager == 0 and tf.cache_info().misses == 1
+    assert next(model.options) == {"bias": True}  # not advanced by the trace

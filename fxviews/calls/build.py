@@ -221,8 +221,9 @@ class EntryBuilder:
             # Not the function's nature: a state not ready yet, or fxviews' limit. Eager decides
             # this call (its exception, if any, is the user's), and the next call traces again.
             raise TraceLater(str(err)) from err
+        # The modules that ran and were not reached hold tensors the graph keeps as constants.
         guard = StateGuard(
-            process, [*run.modules, *modules], reached=reached, held=traced.layout_bound
+            process, modules, holders=run.modules, reached=reached, held=traced.layout_bound
         )
         return Entry(
             forward=traced.forward,

@@ -101,7 +101,7 @@ from fxviews.passes.compat.torch_internals import (
     run_outside_dynamo,
 )
 from fxviews.rewriting.printouts import logger
-from fxviews.state.guard import read_training
+from fxviews.state.guard import read_training, read_training_and_swaps
 from fxviews.tracing.failures import function_name
 from fxviews.tracing.lock import tracing_in_progress, tracing_lock
 
@@ -164,6 +164,10 @@ def cached_function(fn: _F, *, strict: bool, cache_size: int, functionalize: boo
         if (
             not guard.check_process()
             or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
+            or (
+                guard.holders
+                and tuple(map(read_training_and_swaps, guard.holders)) != guard.holder_counts
+            )
             or (guard.bound and not guard.bindings_hold())
             or (RemovableHandle.next_id != guard.hook_clock and not guard.hooks_hold())
         ):

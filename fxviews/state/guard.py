@@ -81,14 +81,28 @@ from fxviews.passes.compat.torch_internals import (
 )
 from fxviews.state.reachable import read_globals
 
-__all__ = ["ModuleCalls", "StateGuard", "process_state", "read_training", "same_kind_check"]
+__all__ = [
+    "ModuleCalls",
+    "StateGuard",
+    "process_state",
+    "read_training",
+    "read_training_and_swaps",
+    "same_kind_check",
+]
 
 #: The attribute in a watched module's ``__dict__`` counting its registrations (item 3).
 REGISTRATIONS = "_fxviews_registrations"
 
+#: The attribute in a watched module's ``__dict__`` counting the parameters and buffers
+#: assigned in place of one it held (item 3): what a graph reading the module's slots when it
+#: runs reads anyway, but one holding them as constants does not.
+SWAPS = "_fxviews_swaps"
+
 #: Reads a watched module's ``training`` flag and registration count: ``map`` over a tuple of
 #: modules with it is the cheapest loop Python has for the check on every cache hit.
 read_training = operator.attrgetter("training", REGISTRATIONS)
+#: The same, with the swaps, for a module whose tensors the graph holds.
+read_training_and_swaps = operator.attrgetter("training", REGISTRATIONS, SWAPS)
 
 
 _read_cell = operator.attrgetter("cell_contents")
@@ -105,20 +119,25 @@ def _read_mode(module: torch.nn.Module) -> tuple[bool, int]:
     return module.training, 0
 
 
-def _count_registration(module: torch.nn.Module, name: str, value: Any) -> None:
-    """A global registration hook: one more assignment of a parameter, buffer or submodule of
-    ``module``, counted where a guard watches it (item 3 of the Note)."""
-    held = module.__dict__
-    if REGISTRATIONS in held:
-        held[REGISTRATIONS] += 1
+def _counting(kind: str) -> Callable[[torch.nn.Module, str, Any], None]:
+    """A global registration hook for ``kind`` (``"_parameters"``, ``"_buffers"`` or
+    ``"_modules"``): one more assignment of ``module``'s, counted where a guard watches it
+    (item 3 of the Note), as a swap where a tensor takes a tensor's place."""
+
+    def count(module: torch.nn.Module, name: str, value: Any) -> None:
+        held = module.__dict__
+        if REGISTRATIONS not in held:
+            return
+        before = held[kind].get(name)
+        swap = isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)
+        held[SWAPS if swap else REGISTRATIONS] += 1
+
+    return count
 
 
-for _register in (
-    torch.nn.modules.module.register_module_parameter_registration_hook,
-    torch.nn.modules.module.register_module_buffer_registration_hook,
-    torch.nn.modules.module.register_module_module_registration_hook,
-):
-    _register(_count_registration)
+torch.nn.modules.module.register_module_parameter_registration_hook(_counting("_parameters"))
+torch.nn.modules.module.register_module_buffer_registration_hook(_counting("_buffers"))
+torch.nn.modules.module.register_module_module_registration_hook(_counting("_modules"))
 
 
 def process_state() -> GlobalStateGuard:
@@ -159,6 +178,8 @@ class StateGuard:
         "hook_clock",
         "hook_dicts",
         "hook_keys",
+        "holders",
+        "holder_counts",
         "modules",
         "names",
         "process",
@@ -171,17 +192,23 @@ class StateGuard:
         process: GlobalStateGuard,
         modules: Iterable[torch.nn.Module] = (),
         *,
+        holders: Iterable[torch.nn.Module] = (),
         reached: Iterable[Any] = (),
         held: Iterable[torch.Tensor] = (),
     ) -> None:
         self.process = process
         self.check_process: Callable[[], bool] = process.check  # bound once: hits call it
-        # Items 2 and 3: each module's training flag and registration count.
+        # Items 2 and 3: each module's training flag and registration count; for ``holders``,
+        # the modules whose tensors the graph holds as constants, their swaps too.
         self.modules = tuple(_unique(modules))
-        for module in self.modules:
+        known = {id(module) for module in self.modules}
+        self.holders = tuple(m for m in _unique(holders) if id(m) not in known)
+        for module in (*self.modules, *self.holders):
             module.__dict__.setdefault(REGISTRATIONS, 0)
-        self.read: Callable[[torch.nn.Module], tuple[bool, int]] = read_training
+            module.__dict__.setdefault(SWAPS, 0)
+        self.read: Callable[[torch.nn.Module], tuple[Any, ...]] = read_training
         self.trainings = tuple(map(read_training, self.modules))
+        self.holder_counts = tuple(map(read_training_and_swaps, self.holders))
         # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
         # what they held.
         named, cells = _bindings(reached)
@@ -203,7 +230,7 @@ class StateGuard:
         # Item 6: the hook dicts of the modules and the global ones, with their keys now.
         self.hook_dicts = (
             *global_module_hook_dicts(),
-            *(d for module in self.modules for d in module_hook_dicts(module)),
+            *(d for module in (*self.modules, *self.holders) for d in module_hook_dicts(module)),
         )
         self.hook_keys = tuple(map(tuple, self.hook_dicts))
         self.hook_clock = RemovableHandle.next_id
@@ -251,6 +278,7 @@ class StateGuard:
         return (
             self.check_process()
             and tuple(map(self.read, self.modules)) == self.trainings
+            and tuple(map(read_training_and_swaps, self.holders)) == self.holder_counts
             and (not self.bound or self.bindings_hold())
             and self.hooks_hold()
         )
@@ -259,10 +287,13 @@ class StateGuard:
         """Which part of the state differs now, for logs (empty if none)."""
         if not self.process.check():
             return f"process state ({self.process.reason()})"
+        reads = [(self.read, self.modules, self.trainings)]
+        reads.append((read_training_and_swaps, self.holders, self.holder_counts))
         changed = [
             f"{type(m).__name__}'s {'training flag' if m.training != was[0] else 'parameters'}"
-            for m, was in zip(self.modules, self.trainings, strict=True)
-            if self.read(m) != was
+            for read, modules, counts in reads
+            for m, was in zip(modules, counts, strict=True)
+            if read(m) != was
         ]
         if self.bound and not self.bindings_hold():
             changed.append(

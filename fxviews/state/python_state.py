@@ -14,7 +14,11 @@ trace's value, the list holds one trace-time tensor, and a dict of the caller's 
 written at all (the trace ran on a copy ``pytree`` rebuilt). A memo in a mutable default
 (``def f(x, cache={})``) even changes the numbers: the graph recomputes what eager reads back.
 An item taken from an iterator (``next(self.batches)``) is baked in too, and lost: it cannot
-be put back, so a function that reaches an iterator is not traced at all. A draw from Python's
+be put back, so a function that reaches an iterator is not traced at all, except an iterator
+over a built-in sequence (``iter(list)``, a tuple's, a range's, a string's), whose position
+is read and set back (``__reduce__``/``__setstate__``): a trace that advances one is put back
+and refused, one that leaves it where it was is kept (torchrl's MLP holds such iterators and
+never advances them in ``forward``). A draw from Python's
 ``random`` or NumPy's random state (``random.random() < eps`` in an
 epsilon-greedy policy, ``np.random.randn()`` as a jitter) is baked into the graph as the
 number the trace drew. Eager does each of these on every call. In-place writes
@@ -67,7 +71,7 @@ import torch
 
 from fxviews.passes.compat.torch_internals import pytree
 from fxviews.passes.source_lines import internal_module
-from fxviews.state.guard import REGISTRATIONS
+from fxviews.state.guard import REGISTRATIONS, SWAPS
 from fxviews.state.reachable import read_globals
 
 __all__ = ["ArgumentContainers", "Rebinding", "why_refused"]
@@ -108,7 +112,7 @@ class Rebinding:
                     getattr(owner, name)
                     for name in (_MODULE_DICTS if isinstance(owner, torch.nn.Module) else ())
                 ]:
-                    kept = {k: v for k, v in state.items() if k != REGISTRATIONS}
+                    kept = {k: v for k, v in state.items() if k not in _COUNTS}
                     self._kept.append((whose, state, kept, True))
                 own = _MODULE_OWN if isinstance(owner, torch.nn.Module) else ()
                 roots += [(f"{whose}.{k}{{}}", v) for k, v in vars(owner).items() if k not in own]
@@ -123,7 +127,15 @@ class Rebinding:
         #: The iterators among them, named: a trace would take an item, which cannot be put
         #: back, so a function reaching one is not traced at all.
         iterators = [(name.format(""), obj) for name, obj in roots if _is_iterator(obj)]
-        self.iterators = sorted({f"the {type(obj).__name__} {name}" for name, obj in iterators})
+        self.iterators = sorted(
+            {f"the {type(obj).__name__} {name}" for name, obj in iterators if not _seekable(obj)}
+        )
+        # (its name, an iterator over a built-in sequence, its position as it was)
+        self._positions = [
+            (f"the {type(obj).__name__} {name}", obj, _position(obj))
+            for name, obj in iterators
+            if _seekable(obj)
+        ]
         # (the stream's name, its state as it was, how to read it, how to set it)
         self._streams = [(name, get(), get, put) for name, get, put in _random_streams(roots)]
 
@@ -132,7 +144,11 @@ class Rebinding:
         changed: set[str] = set()
         for whose, state, kept, whole in self._kept:
             # A guard's registration count (set on the modules a trace finds) is fxviews' own.
-            for key in [k for k in state if k not in kept and k != REGISTRATIONS] if whole else []:
+            for key in (
+                [k for k in state if k not in kept and k not in (REGISTRATIONS, SWAPS)]
+                if whole
+                else []
+            ):
                 changed.add(f"rebinds {_spelled(whose, key)}")
                 del state[key]
             for key, value in kept.items():
@@ -154,6 +170,11 @@ class Rebinding:
             if not _same_state(get(), state):
                 changed.add(f"draws from {name}")
                 put(state)
+        for name, iterator, position in self._positions:
+            if _position(iterator) != position:
+                changed.add(f"advances {name}")
+                if position is not None:  # an exhausted one stays exhausted: no item was taken
+                    iterator.__setstate__(position)
         return sorted(changed)
 
 
@@ -220,6 +241,7 @@ def why_refused(where: str, changes: list[str]) -> str:
 #: What to write instead, by the verb of a change (in the order the advice is given).
 _ADVICE = {
     "reaches": "take the item outside and pass it in as an argument (f(w, next(it)))",
+    "advances": "take the item outside and pass it in as an argument (f(w, next(it)))",
     "rebinds": "keep a tensor and write into it in place (self.avg.mul_(0.5).add_(x) for "
     "self.avg = self.avg * 0.5 + x), or pass the value in as an argument",
     "changes": "return what it logs, caches or updates, and store it after the call",
@@ -228,6 +250,9 @@ _ADVICE = {
 }
 
 _MISSING = object()
+
+#: The counts a guard keeps in a watched module's ``__dict__``: fxviews' own, not the user's.
+_COUNTS = (REGISTRATIONS, SWAPS)
 
 
 def _spelled(whose: str, key: str) -> str:
@@ -279,6 +304,21 @@ def _random_streams(
             read = partial(getattr, bits, "state")
             streams.append((f"the {kind} {spelled}", read, partial(setattr, bits, "state")))
     return streams
+
+
+#: Iterators over built-in sequences: their position is ``__reduce__()[2]`` and
+#: ``__setstate__`` sets it back.
+_SEEKABLE = tuple({type(iter(empty)) for empty in ([], (), range(0), "")})
+
+
+def _seekable(obj: Any) -> bool:
+    return isinstance(obj, _SEEKABLE)
+
+
+def _position(iterator: Any) -> int | None:
+    """Where an iterator over a built-in sequence is (None once exhausted)."""
+    state = iterator.__reduce__()
+    return state[2] if len(state) > 2 else None
 
 
 def _is_iterator(obj: Any) -> bool:
