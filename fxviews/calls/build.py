@@ -324,6 +324,7 @@ class EntryBuilder:
                 caller="fxviews.transform",
                 name=name,
                 generators=generators,
+                held=len(slot_values),
             )
             read = _drop_unread_slots(gm, count)
             held[0] = slots.keep(read)
@@ -332,11 +333,12 @@ class EntryBuilder:
             bound = offset_bound_inputs(gm)
             offsets = offsets_of(tensors, [p for p in bound if p < count])
             slot_offsets = offsets_of(slot_values, [p - count for p in bound if p >= count])
-            slot_kind = hot_check(slot_values, slot_offsets) if slot_values else None
             layout_bound = layout_bound_constants(gm)
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
             result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)
+        # Made in the caller's dispatch state, which the C++ check compares dispatch keys under.
+        slot_kind = hot_check(slot_values, slot_offsets) if slot_values else None
         report_rewrite(result, source=f"transform({name})")
         # A call that raises inside a grad-mode region leaves the caller's mode as fn's `with`
         # would (Note [What autograd sees is part of the trace]).

@@ -277,8 +277,12 @@ class AutogradWatch:
         >>> gm = watch.finish(recorder.graph_module(watch.run(fn, *args)))
     """
 
-    def __init__(self, writer: GraphWriter | None = None) -> None:
+    def __init__(self, writer: GraphWriter | None = None, held: int = 0) -> None:
         self.writer: GraphWriter = _MakeFxWriter() if writer is None else writer
+        # How many of the last inputs are tensors fn holds (a module's slots: Note [Parameters
+        # are read when the graph runs]), not arguments: autograd sees them as it saw the
+        # tensors a graph held, whose history is their own.
+        self.held = held
         self.call_grad = torch.is_grad_enabled()
         self.grad = self.call_grad  # the grad mode the graph is in, after its last node
         self.others = _other_state()
@@ -305,7 +309,8 @@ class AutogradWatch:
         ``call`` caught."""
         if isinstance(self.writer, _MakeFxWriter):
             self.writer.bind(get_proxy_mode())
-        tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        passed = args[: len(args) - self.held]
+        tensors = [t for t in pytree.tree_leaves(passed) if isinstance(t, torch.Tensor)]
         self.arguments = {id(t) for t in tensors}
         self.argument_nodes = {t.grad_fn for t in tensors if t.grad_fn is not None}
         try:

@@ -167,6 +167,7 @@ def capture(
     caller: str,
     name: str,
     generators: Sequence[torch.Generator] = (),
+    held: int = 0,
 ) -> torch.fx.GraphModule:
     """make_fx ``fn(*args)``: fake mode, else real mode where fake mode falls short (see Note).
 
@@ -177,8 +178,10 @@ def capture(
     values for a real-mode trace, are used). ``caller`` and ``name`` say who traced what, for
     messages. ``generators`` are those ``fn`` reaches besides its arguments' (Note [Which
     generators to fork]): every generator is left as it was, and random state a graph cannot
-    replay is refused (Note [Random state set from Python]). Holds :data:`tracing_lock`; call
-    it outside active transforms and modes.
+    replay is refused (Note [Random state set from Python]). The last ``held`` of ``args`` are
+    tensors ``fn`` holds, not its arguments (a module's slots: what autograd sees of them is
+    theirs, :class:`~fxviews.tracing.autograd.AutogradWatch`). Holds :data:`tracing_lock`;
+    call it outside active transforms and modes.
     """
     call = deciding_at_run_time(_positional(fn, len(args)))
     generators = generators_among([list(args), list(generators)])
@@ -186,7 +189,7 @@ def capture(
     with tracing_lock, capturing(), forked_rng([list(args), generators]):
         if fresh and _has_real_values(args) and _fits_a_recording(args, name):
             try:
-                gm = drop_decompositions(_record_on_a_sample(call, args, generators))
+                gm = drop_decompositions(_record_on_a_sample(call, args, generators, held))
                 gm.meta[TRACED_WITH] = RECORDED
                 gm.meta[REAL_LAYOUTS] = True  # real kernels made them: nothing to check
                 return gm
@@ -217,7 +220,7 @@ def capture(
                     refuse_constant_reads=fresh,
                     generators=generators,
                 )
-                autograd = AutogradWatch()  # Note [What autograd sees is part of the trace]
+                autograd = AutogradWatch(held=held)  # Note [What autograd sees is part of ...]
                 gm = traced_under_guard(
                     lambda f: make_fx_keeping_detach(f, "fake")(*fake_args),
                     autograd.wrap(call),
@@ -245,7 +248,9 @@ def capture(
                 "untraceable",
             ) from fake_error
         gm = drop_decompositions(
-            _capture_real(call, args, fake_args, mode, fresh, generators, fake_error, caller, name)
+            _capture_real(
+                call, args, fake_args, mode, fresh, generators, fake_error, caller, name, held
+            )
         )
         gm.meta[TRACED_WITH] = f"real mode (fake mode failed: {first_line(fake_error)})"
         return gm
@@ -284,7 +289,10 @@ def _fits_a_recording(args: Sequence[Any], name: str) -> bool:
 
 
 def _record_on_a_sample(
-    call: Callable[..., Any], args: Sequence[Any], generators: Sequence[torch.Generator]
+    call: Callable[..., Any],
+    args: Sequence[Any],
+    generators: Sequence[torch.Generator],
+    held: int = 0,
 ) -> torch.fx.GraphModule:
     """Step 0 of the Note: record ``call`` on one sample's real values (Note [Recording a real
     trace]); closed-over tensors are left as they were (the caller forks the random state)."""
@@ -292,7 +300,7 @@ def _record_on_a_sample(
     guard = TraceGuard(real_args, dense_zero_tangents=True, generators=generators)
     values = exact_fake_mode(allow_non_fake_inputs=True)
     with preserved_torch_state():
-        return traced_under_guard(lambda f: record(f, real_args, values), call, guard)
+        return traced_under_guard(lambda f: record(f, real_args, values, held), call, guard)
 
 
 def exact_fake_mode(**options: Any) -> FakeTensorMode:
@@ -467,6 +475,7 @@ def _capture_real(
     fake_error: Exception,
     caller: str,
     name: str,
+    held: int = 0,
 ) -> torch.fx.GraphModule:
     """make_fx in real mode on real copies of ``args``; exact layouts recomputed afterwards
     (the caller forks the random state)."""
@@ -474,7 +483,7 @@ def _capture_real(
     guard = TraceGuard(real_args, refuse_data_dependent=True, generators=generators)
     try:
         with preserved_torch_state():
-            autograd = AutogradWatch()
+            autograd = AutogradWatch(held=held)
             gm = traced_under_guard(
                 lambda f: make_fx_keeping_detach(f, "real")(*real_args), autograd.wrap(call), guard
             )

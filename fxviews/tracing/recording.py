@@ -104,13 +104,14 @@ class ReadsMemory(NotRecordable):
 
 
 def record(
-    call: Callable[..., Any], args: Sequence[torch.Tensor], mode: FakeTensorMode
+    call: Callable[..., Any], args: Sequence[torch.Tensor], mode: FakeTensorMode, held: int = 0
 ) -> torch.fx.GraphModule:
     """The graph of ``call(*args)`` recorded on the real tensors ``args`` (see the Note).
 
-    ``mode`` makes the nodes' FakeTensor values. Raises :class:`NotRecordable` where only a
-    fake-mode trace can decide. The caller owns the rest of a trace's hygiene: random state,
-    writes to closed-over tensors, forward AD's zero tangents.
+    ``mode`` makes the nodes' FakeTensor values; the last ``held`` of ``args`` are tensors
+    ``call`` holds, not arguments (:class:`~fxviews.tracing.autograd.AutogradWatch`). Raises
+    :class:`NotRecordable` where only a fake-mode trace can decide. The caller owns the rest of
+    a trace's hygiene: random state, writes to closed-over tensors, forward AD's zero tangents.
 
     Example::
 
@@ -119,7 +120,7 @@ def record(
         ['aten.t.default', 'aten.sin.default']
     """
     recorder = OpRecorder(args, mode)
-    autograd = AutogradWatch(recorder)  # Note [What autograd sees is part of the trace]
+    autograd = AutogradWatch(recorder, held)  # Note [What autograd sees is part of the trace]
     active = _ACTIVE.set(recorder)
     try:
         # Note [Composite calls in a recording]: linear and matmul recorded whole.
