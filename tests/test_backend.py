@@ -326,3 +326,48 @@ def test_entry_point_works_without_importing_fxviews():
     assert done.returncode == 0, done.stderr
     assert "loaded through entry point: True" in done.stdout
     assert "as_strided" not in done.stdout.split("loaded through")[0]
+
+
+# --- Dynamo's own control flow reaches Dynamo -----------------------------------------------
+
+
+def test_dynamo_restart_under_dynamic_shapes_reaches_dynamo(caplog):
+    """nn.LayerNorm under dynamic=True: AOTAutograd's scalar pass raises
+    TensorifyScalarRestartAnalysis to have Dynamo trace again (eps as a tensor). That is
+    Dynamo's control flow, not a lowering failure: the graph compiles, nothing runs eagerly."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16)
+    recorder = Recorder()
+    compiled = torch.compile(norm, backend=fxviews.backend(inner=recorder), dynamic=True)
+    with caplog.at_level("WARNING", logger="fxviews"):
+        for tokens in (8, 12, 20):
+            x = torch.randn(2, tokens, 16, requires_grad=True)
+            out = compiled(x)
+            out.square().sum().backward()
+            x_eager = x.detach().requires_grad_()
+            expected = norm(x_eager)
+            expected.square().sum().backward()
+            torch.testing.assert_close(out, expected)
+            torch.testing.assert_close(x.grad, x_eager.grad)
+    assert "eager PyTorch" not in caplog.text
+    # One forward and one backward graph, over symbolic sizes, serve every size.
+    assert len(recorder.graphs) == 2
+    forward_inputs = [n.meta["val"] for n in recorder.graphs[0].graph.find_nodes(op="placeholder")]
+    assert any(isinstance(s, torch.SymInt) for v in forward_inputs for s in getattr(v, "shape", ()))
+
+
+def test_dynamo_restart_under_dynamic_shapes_with_inner_inductor(caplog):
+    """The same restart with Inductor inside: fxviews+Inductor compiles as Inductor alone does,
+    and both give eager's numbers at every size."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16)
+    inductor = torch.compile(norm, dynamic=True)
+    fx_inductor = torch.compile(
+        norm, backend="fxviews", options={"inner": "inductor"}, dynamic=True
+    )
+    with caplog.at_level("WARNING", logger="fxviews"), torch.no_grad():
+        for tokens in (8, 12, 20):
+            x = torch.randn(2, tokens, 16)
+            torch.testing.assert_close(fx_inductor(x), norm(x))
+            torch.testing.assert_close(fx_inductor(x), inductor(x))
+    assert "eager PyTorch" not in caplog.text

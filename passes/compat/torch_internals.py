@@ -621,6 +621,23 @@ def wrap_dynamo_tensor_method(name: str, wrap: Callable[[Any], Any]) -> None:
         setattr(variable, f"method_{name}", wrap(getattr(variable, f"method_{name}")))
 
 
+def dynamo_signals() -> tuple[type[BaseException], ...]:
+    """The exceptions Dynamo itself handles when a backend raises them while compiling: not a
+    backend's failure but Dynamo's own control flow, to be let through to it.
+
+    Found from Dynamo's source rather than listed: every exception of Dynamo's own
+    (``TorchDynamoException``, 2.0: the restarts of its analysis, ``RestartAnalysis`` and its
+    subclasses such as ``TensorifyScalarRestartAnalysis``, which AOTAutograd's scalar pass
+    raises to ask for a trace again; ``SkipFrame``; an inner compile's
+    ``BackendCompilerFailed``), and the fake-tensor exceptions Dynamo turns into a graph break
+    when a backend raises them (``exceptions_allowed_to_be_fallback``, 2.1). On 2.13 these are
+    what ``OutputGraph._call_user_compiler`` catches before its catch-all.
+    """
+    from torch._dynamo import exc
+
+    return (exc.TorchDynamoException, *exc.exceptions_allowed_to_be_fallback)
+
+
 def dynamo_functorch_calls() -> dict[str, Any]:
     """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
     role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
@@ -829,6 +846,7 @@ BOUND_NAMES = (
     "module_hook_dicts",
     "global_module_hook_dicts",
     "dynamo_functorch_calls",
+    "dynamo_signals",
     "wrap_dynamo_tensor_method",
     "forget_static_evaluations",
 )

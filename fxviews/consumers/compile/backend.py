@@ -37,7 +37,7 @@ from fxviews.consumers.compile.dynamo_stage import (
 )
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
 from fxviews.consumers.compile.storage_bounds import with_storage_checks
-from fxviews.passes.compat.torch_internals import CompileContext, is_boxed_call
+from fxviews.passes.compat.torch_internals import CompileContext, dynamo_signals, is_boxed_call
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry.symbolic import guards_allowed
@@ -248,7 +248,10 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
     the Dynamo graph runs as eager PyTorch (its Python code, as the ``eager`` backend runs it),
     with a warning through the ``fxviews`` logger; PyTorch's thread state is restored first.
     ``strict=True`` raises instead. Errors from the engine or the inner compiler are never
-    swallowed.
+    swallowed, and neither are the exceptions Dynamo uses for its own control flow
+    (:func:`~fxviews.passes.torch_internals.dynamo_signals`: ``TensorifyScalarRestartAnalysis``,
+    raised by AOTAutograd under ``dynamic=True`` to have Dynamo trace again with the scalar
+    as a tensor, and the like), which reach Dynamo as they would from ``aot_eager``.
     """
 
     def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
@@ -283,8 +286,8 @@ def _lowered(
         with unfold_backward_traced_per_sample():
             return compile_fn(gm, example_inputs)
     except RuntimeError as err:
-        if strict or lowering.reached_engine or isinstance(err, FxViewsError):
-            raise
+        if strict or lowering.reached_engine or isinstance(err, (FxViewsError, *dynamo_signals())):
+            raise  # a restart or graph break Dynamo asks for is Dynamo's to handle
         raise_if_device_failed(err, devices_of(list(example_inputs)), "PyTorch's AOT lowering")
         logger.warning(
             "backend=%r runs this graph as eager PyTorch: PyTorch's AOT lowering failed "
