@@ -536,6 +536,8 @@ def _ranges_narrowed_by_guards(shape_env: Any) -> dict[sympy.Symbol, Any]:
         if len(relation.free_symbols) != 1:
             continue
         [symbol] = relation.free_symbols
+        if not symbol.is_integer:  # a float symbol (a scalar Dynamo traces as a tensor)
+            continue
         side, strict = _lower_side(relation)
         if not sympy.expand(side).is_polynomial(symbol):  # Max(...), FloorDiv(...)
             continue
