@@ -11,11 +11,14 @@ but the first.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from fxviews.bench.compiled_models import sliding_chunk_scores
 from fxviews.bench.research_programs import PROGRAMS, squared_sum, windows
 from fxviews.passes.compat.torch_internals import BackendCompilerFailed, reset_dynamo
 
@@ -129,6 +132,22 @@ def test_strides_read_inside_vmap_are_read_in_vmaps_layout(batch_dim, dynamic):
         vmap(library_windows, in_dims=batch_dim), backend="fxviews", dynamic=dynamic
     )
     torch.testing.assert_close(compiled(xs), expected)
+
+
+@pytest.mark.parametrize("batch_dim", [0, 1, 3])
+def test_longformer_chunks_under_vmap_read_strides_in_vmaps_layout(batch_dim):
+    """HF Longformer's _chunk per sample: a view of the input, then ``as_strided`` with the
+    strides ``.stride()`` reports (under vmap, the layout vmap gives each sample). Compiled it
+    equals ``vmap(transform(f))`` and the per-sample loop wherever the batch dim lies, with
+    the default inner compiler; it raised where the batch dim was not first."""
+    queries, keys = _samples((2, 8, 3)), _samples((2, 8, 3), seed=1)
+    scores = functools.partial(sliding_chunk_scores, window=2)
+    expected = torch.stack([scores(q, k) for q, k in zip(queries, keys, strict=True)])
+    args = torch.stack(queries, dim=batch_dim), torch.stack(keys, dim=batch_dim)
+    compiled = torch.compile(vmap(scores, in_dims=batch_dim), backend="fxviews")
+    torch.testing.assert_close(compiled(*args), expected)
+    transformed = vmap(fxviews.transform(scores), in_dims=batch_dim)
+    torch.testing.assert_close(transformed(*args), expected)
 
 
 def test_nested_vmap_is_the_loop_of_loops():

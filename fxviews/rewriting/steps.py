@@ -100,7 +100,8 @@ class RewriteSteps:
     compiler runs, which may lay that input out either way; see AsStridedToViews).
     ``bind_calls=True`` calls each op through its Python binding where that is the same call
     (Note [Calling ops through their Python bindings]): for graphs fxviews only runs, never for
-    one another compiler reads.
+    one another compiler reads. ``leave`` names as_strided nodes the engine leaves to a later
+    stage (the backend's first stage leaves those of symbolic sizes to AOTAutograd's graphs).
 
     Example::
 
@@ -116,6 +117,7 @@ class RewriteSteps:
     copy_unfolds: bool = False
     against_eager_layouts: bool = False
     bind_calls: bool = False
+    leave: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -196,6 +198,7 @@ def rewrite_in_place(
     against_eager_layouts: bool = False,
     bind_calls: bool = False,
     fx_code: bool = True,
+    leave: frozenset[str] = frozenset(),
 ) -> RewriteResult:
     """:func:`rewrite_graph` for a caller that owns ``gm`` (transform, backend): no copy is made.
 
@@ -224,6 +227,7 @@ def rewrite_in_place(
         guard_kept=guard_kept,
         against_eager_layouts=against_eager_layouts,
         bind_calls=bind_calls,
+        leave=leave,
     )
     with collector_paused():  # as in rewrite_graph
         code_before = gm.code if debug_enabled() else ""
@@ -250,6 +254,7 @@ def _rewrite_steps(
         recompile=False,
         opset=steps.opset,
         against_eager_layouts=steps.against_eager_layouts,
+        leave=steps.leave,
     )(gm)
     made = engine_made_nodes(gm.graph)  # before the reshape step replaces any of them
     skipped = RecordedPassResult(gm, False)  # a step not asked for: no change, no records

@@ -125,6 +125,18 @@ class _Spec:
         return storage.as_strided(g.sizes, g.strides, g.offset)
 
 
+@dataclass(frozen=True)
+class _Scalar:
+    """A 0-dim tensor whose value the graph fixes (see :meth:`LayoutTruth._argument`)."""
+
+    value: Any
+    dtype: torch.dtype
+    device: torch.device
+
+    def make(self) -> torch.Tensor:
+        return torch.tensor(self.value, dtype=self.dtype, device=self.device)
+
+
 #: (op, arguments with tensors as _Spec) -> the result's layouts (a pytree of Geometry | None),
 #: or the _Unchecked of a kernel that failed. Process-wide, least recently used out.
 _EAGER_RUNS: OrderedDict[Any, Any] = OrderedDict()
@@ -255,6 +267,11 @@ class LayoutTruth:
         """A node's value as a kernel argument: a _Spec for a tensor (over the traced storage's
         size if ``whole_storage``), a hint for a SymInt."""
         val = _value(node)
+        constant = internals.fake_constant(val)
+        if constant is not None and constant.dim() == 0:
+            # A number the graph computed as a tensor (a size from torch.div of Python ints):
+            # the kernel reads its value, which zeros would not give, and a scalar has no layout.
+            return _Scalar(constant.item(), constant.dtype, val.device)
         if isinstance(val, torch.Tensor):
             eager = self._eager.get(node)
             if not isinstance(eager, Geometry):
@@ -431,7 +448,7 @@ def _run_cached(node: torch.fx.Node, run: Any, args: Any, kwargs: Any) -> Any:
         # CPU's), and one this process cannot reach (fake CUDA tensors on a machine without
         # CUDA) leaves the layout unchecked rather than checked on another device.
         real_args, real_kwargs = pytree.tree_map(
-            lambda v: v.make() if isinstance(v, _Spec) else v, (args, kwargs)
+            lambda v: v.make() if isinstance(v, _Spec | _Scalar) else v, (args, kwargs)
         )
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError or AssertionError
         raise_if_device_failed(err, devices, f"making the arguments of {what}")

@@ -405,6 +405,14 @@ def symbol_hints(shape_env: ShapeEnv) -> dict[Any, int]:
     return dict(shape_env.var_to_val if hints is None else hints)
 
 
+def fake_constant(value: object) -> torch.Tensor | None:
+    """The real value a fake tensor carries where its fake mode knows it (``FakeTensor.constant``,
+    2.0: a small tensor computed from Python numbers alone, such as ``torch.div(16, 4,
+    rounding_mode="trunc")`` in a Dynamo graph); None for any other value."""
+    constant = getattr(value, "constant", None) if isinstance(value, FakeTensor) else None
+    return constant if isinstance(constant, torch.Tensor) else None
+
+
 def is_boxed_call(compiled: object) -> bool:
     """Whether AOTAutograd calls ``compiled`` with one list of arguments (``_boxed_call``, 2.0)."""
     return getattr(compiled, "_boxed_call", False)
@@ -818,6 +826,7 @@ BOUND_NAMES = (
     "is_boxed_call",
     "function_apply_attribute",
     "make_fx_keeping_detach",
+    "fake_constant",
     "TORCH_RELEASE",
     "traceable_jacobian_basis",
     "inductor_decompositions",

@@ -228,7 +228,9 @@ class AsStridedToViews(RecordingPass):
     """A torch.fx pass rewriting as_strided nodes into verified view ops (mutates its input).
 
     Its result's ``records`` hold one :class:`Record` per as_strided node seen.
-    ``recompile=False`` leaves ``graph_module.recompile()`` to the caller.
+    ``recompile=False`` leaves ``graph_module.recompile()`` to the caller. ``leave`` names
+    as_strided nodes the pass leaves as they are, unseen (no record): a later stage rewrites
+    them.
 
     Example::
 
@@ -244,6 +246,7 @@ class AsStridedToViews(RecordingPass):
         recompile: bool = True,
         opset: Opset | str = Opset.ATEN,
         against_eager_layouts: bool = False,
+        leave: frozenset[str] = frozenset(),
     ) -> None:
         # A caller running several passes may recompile once at the end (it is most of the
         # cost of a pass on a large graph).
@@ -252,6 +255,7 @@ class AsStridedToViews(RecordingPass):
         self.example_inputs = example_inputs
         self.opset = as_opset(opset)
         self.against_eager_layouts = against_eager_layouts
+        self.leave = leave
 
     def call(self, graph_module: torch.fx.GraphModule) -> RecordedPassResult:
         check_example_inputs(graph_module, self.example_inputs)
@@ -278,7 +282,7 @@ class AsStridedToViews(RecordingPass):
         """Rewrite every as_strided node of ``graph_module`` in place: whether any changed, and
         one record per node."""
         graph = graph_module.graph
-        nodes = [n for n in graph.nodes if _is_as_strided(n)]
+        nodes = [n for n in graph.nodes if _is_as_strided(n) and n.name not in self.leave]
         ensure_metadata(graph_module, nodes, self.example_inputs)
         facts = ShapeFacts.of(v for n in nodes for v in (*n.args, *n.kwargs.values()))
         if facts is not None:

@@ -22,10 +22,11 @@ What an ``as_strided`` means here (the semantics of ``fxviews.transform``):
   ``vmap(fxviews.transform(f))`` and the loop ``torch.stack([f(s) for s in samples])``,
   wherever the batch dim lies in memory (Note [Per-sample values of Dynamo's graph]).
 
-A graph whose as_strided nodes are all outside vmap and one has symbolic sizes is left to the
-second stage, which reads the same layouts and emits its chains after AOTAutograd has traced
-(here AOTAutograd's fake kernels would trace them and guard on their sizes: a bounded chain's
-run-time assertion would become a recompile).
+In a graph whose as_strided nodes are all outside vmap, those with symbolic sizes (or sizes
+the graph computes, such as Longformer's ``torch.div`` chunk counts) are left to the second
+stage, which reads the same layouts and emits its chains after AOTAutograd has traced (here
+AOTAutograd's fake kernels would trace them and guard on their sizes: a bounded chain's
+run-time assertion would become a recompile); the static ones are rewritten here.
 
 The stage puts those values in ``meta["val"]`` and runs the same engine as every other entry
 point (:class:`~fxviews.passes.AsStridedToViews`: provenance, synthesis, verification, layout
@@ -34,10 +35,11 @@ is read by vmap's own rule, against the layout vmap gives each sample:
 
 - where that layout is the per-sample one (the caller's batch dim outermost, each sample
   contiguous), the rule reads what the loop reads: the node stays;
-- where the node's input is a vmap input (or a transform's wrapper of one) and the request
-  reads only that sample's own elements in the layout vmap gives it, the request was written
-  for that layout (strides read with ``.stride()`` inside vmap, which Dynamo bakes in as
-  numbers): it is rewritten relative to it, proven the same way (a second engine run on those
+- where the node's input is a vmap input (a transform's wrapper of one, or a view of one,
+  whose layout view kernels compute alike in fake and eager) and the request reads only that
+  sample's own elements in the layout vmap gives it, the request was written for that layout
+  (strides read with ``.stride()`` inside vmap, which Dynamo bakes in as numbers): it is
+  rewritten relative to it, proven the same way (a second engine run on those
   nodes alone), and reads what the loop over samples of that layout reads;
 - otherwise vmap would read other memory than the loop: :class:`~fxviews.FxViewsError`,
   naming the node and the user's line (``strict=True`` raises for every kept node anyway).
@@ -66,7 +68,7 @@ import torch.fx
 from fxviews.consumers.compile.batched_backwards import pin_candidates, pin_windows
 from fxviews.consumers.compile.dynamo_values import DynamoValues, assign_values, clear_values
 from fxviews.consumers.compile.storage_bounds import StorageNeed, storage_needs
-from fxviews.consumers.compile.write_hazards import write_hazard
+from fxviews.consumers.compile.write_hazards import node_storage, write_hazard
 from fxviews.consumers.compile.written_windows import rewrite_written_windows
 from fxviews.passes import AsStridedToViews
 from fxviews.passes.analysis.as_strided_calls import as_strided_op, bind_as_strided, static_request
@@ -125,10 +127,13 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
     try:
         if not _all_inputs_valued(gm):
             return None  # a value Dynamo did not record: the aten graphs' stage has them all
-        if not any(n in values.batched for n in nodes) and any(map(_symbolic, nodes)):
-            # Outside vmap the aten graphs' stage reads the same layouts, and there the view ops
-            # of a chain proven for every size are emitted after AOTAutograd has traced: here
-            # its fake kernels would trace them and guard on their sizes (a recompile).
+        # Outside vmap the aten graphs' stage reads the same layouts, and there the view ops of
+        # a chain proven for every size are emitted after AOTAutograd has traced: here its fake
+        # kernels would trace them and guard on their sizes (a recompile). Those nodes are left
+        # to it; the static ones are rewritten here, before functionalization reads them.
+        symbolic = frozenset(n.name for n in nodes if _symbolic(n))
+        leave = frozenset() if any(n in values.batched for n in nodes) else symbolic
+        if len(leave) == len(nodes):
             return None
         pinnable = pin_candidates(gm, values)
         result = rewrite_in_place(
@@ -138,6 +143,7 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
             pin_layouts=False,
             guard_kept=False,
             against_eager_layouts=True,
+            leave=leave,
         )
         kept_names = {r.node for r in result.records if r.method == "kept"}
         kept = [k for k in _kept_under_vmap(gm, values) if k.node.name in kept_names]
@@ -216,7 +222,7 @@ class _KeptUnderVmap:
     def fits_vmap_layout(self) -> bool:
         """Whether the request reads only the sample's own elements in the layout vmap gives
         the samples of a vmap input (see the Note); static layouts only."""
-        if self.read_alike or not _is_vmap_input(self.source):
+        if self.read_alike or not _views_a_vmap_input(self.source):
             return False
         geometry = Geometry.of(self.physical)
         target = static_request(self.node, self.physical.storage_offset())
@@ -246,6 +252,19 @@ def _misread_under_vmap(kept: _KeptUnderVmap, reason: str) -> FxViewsError:
         f"({Geometry.of(kept.physical)}), not in the per-sample loop's ({loop}): other numbers "
         "than the loop. Write it as view ops, compute its strides from the tensor inside vmap, "
         "or call it outside vmap"
+    )
+
+
+def _views_a_vmap_input(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s tensor is a vmap input or a view of one (it shares its storage):
+    its layout under vmap is then the caller's, which Dynamo guards, through view ops, whose
+    layouts fake and eager kernels compute alike (HF Longformer's ``_chunk`` views its input
+    before reading ``.stride()``)."""
+    if _is_vmap_input(node):
+        return True
+    storage = node_storage(node)
+    return storage is not None and any(
+        _is_vmap_input(other) and node_storage(other) == storage for other in node.graph.nodes
     )
 
 

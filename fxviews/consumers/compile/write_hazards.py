@@ -82,7 +82,7 @@ def write_hazard(gm: torch.fx.GraphModule) -> str | None:
     writes = [(node, target) for node in gm.graph.nodes for target in written_nodes(node)]
     if not writes:  # most graphs: nothing to look at
         return None
-    storage = {n: _storage(n) for n in gm.graph.nodes}
+    storage = {n: node_storage(n) for n in gm.graph.nodes}
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     written: dict[int, torch.fx.Node] = {}  # storage -> its first writer
     for node, target in writes:
@@ -220,7 +220,9 @@ def _tensor(node: torch.fx.Node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _storage(node: torch.fx.Node) -> int | None:
+def node_storage(node: torch.fx.Node) -> int | None:
+    """The identity of the storage under a node of Dynamo's graph (under any functorch
+    wrappers: a vmap input shares its caller's); None for a value without one."""
     value = _tensor(node)
     if value is None or value.layout != torch.strided:
         return None

@@ -1,0 +1,46 @@
+"""Whole models in the style of real ones, compiled with the backend: eager's values, gradients
+and layouts, and every graph reaches the inner compiler (none runs as eager PyTorch for one
+node it cannot hand on).
+
+The models are the bench's (:mod:`fxviews.bench.compiled_models`): HF Longformer's
+sliding-chunk attention (``query /= sqrt(d)`` in place, ``_chunk``'s ``as_strided`` with the
+strides ``.stride()`` reports, chunk counts computed by ``torch.div``), among others. Each
+is compared with eager PyTorch; a recording inner compiler says which graphs reached it;
+Inductor compiles are kept to a few (slow on CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxviews
+from fxviews.bench.compiled_models import build
+from tests.test_backend import Recorder
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def _trained(model, x):
+    """The output, the input's gradient and every parameter's, after one backward."""
+    model.zero_grad()
+    x = x.detach().requires_grad_()
+    out = model(x)
+    out.square().mean().backward()
+    return out, x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def test_longformer_reaches_the_inner_compiler_whole(caplog):
+    """Longformer's as_strided nodes are rewritten in Dynamo's graph, before AOTAutograd
+    functionalizes ``query /= sqrt(d)``: the model is one graph for the inner compiler, forward
+    and backward, with no as_strided left. Before, one kept chunk reading the written query ran
+    the whole graph as eager PyTorch."""
+    model, make_input = build("longformer")
+    x = make_input(batch=2)
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=fxviews.backend(inner=recorder))
+    with caplog.at_level("WARNING", logger="fxviews"):
+        torch.testing.assert_close(_trained(compiled, x), _trained(model, x))
+    assert "fxviews" not in caplog.text, caplog.text  # no eager fallback, no unchecked layout
+    assert len(recorder.graphs) == 2  # forward and backward
+    assert recorder.as_strided_counts() == [0, 0], [gm.code for gm in recorder.graphs]
