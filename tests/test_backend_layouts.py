@@ -103,3 +103,56 @@ def test_strict_refuses_a_graph_that_reads_past_its_storage():
     with pytest.raises(BackendCompilerFailed) as info:
         compiled(torch.randn(1))
     assert isinstance(info.value.inner_exception, fxviews.FxViewsError)
+
+
+class SignedProjection(torch.nn.Module):
+    """A layer returning ``copysign(weight.t(), x)`` transposed, as a model hands back a
+    transposed view (pytorch #198364): eager keeps the transposed weight's layout, the fake
+    kernel says contiguous, and Inductor lays the output out as the fake value says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(6, 5))
+
+    def forward(self, x):
+        return torch.copysign(self.weight.mT, x - 1.5).t()
+
+
+def _signed_projection_case():
+    torch.manual_seed(0)
+    return SignedProjection(), torch.rand(5, 6) + 1
+
+
+def test_outputs_have_eagers_layout_with_inner_inductor():
+    model, x = _signed_projection_case()
+    expected = model(x)
+    with torch.no_grad():
+        inductor = torch.compile(model)(x)
+        torch._dynamo.reset()
+        fx_inductor = torch.compile(model, backend="fxviews", options={"inner": "inductor"})(x)
+    assert inductor.stride() != expected.stride()  # Inductor alone: the fake layout
+    assert fx_inductor.stride() == expected.stride()
+    torch.testing.assert_close(fx_inductor, expected)
+    torch.testing.assert_close(fx_inductor, inductor)
+
+
+def test_outputs_have_eagers_layout_for_an_inner_callable():
+    """The inner compiler gets the output's memory in eager's layout (an ``empty_strided`` the
+    root's values are copied into), trained too; the default inner compiler, which runs eager
+    kernels, gets the graph as it is."""
+    model, x = _signed_projection_case()
+    graphs = []
+    record = lambda gm, example_inputs: graphs.append(gm) or gm.forward  # noqa: E731
+    out = torch.compile(model, backend=fxviews.backend(inner=record))(x)
+    out.square().sum().backward()
+    grad, model.weight.grad = model.weight.grad, None
+    expected = model(x)
+    expected.square().sum().backward()
+    assert out.stride() == expected.stride()
+    torch.testing.assert_close((out, grad), (expected, model.weight.grad))
+    assert len(graphs) == 2
+    assert any(n.target is torch.ops.aten.empty_strided.default for n in graphs[0].graph.nodes)
+    torch._dynamo.reset()
+    graphs.clear()
+    eager_inner = torch.compile(model, backend=fxviews.backend(inner="eager"))(x)
+    assert eager_inner.stride() == expected.stride()

@@ -411,6 +411,8 @@ def _runnable(node: torch.fx.Node) -> Any:
     module = str(getattr(target, "__module__", None) or "")
     if node.op == "call_function" and module.split(".")[0] in ("torch", "_operator"):
         return target  # a torch function or a Python operator (symbolic_trace graphs)
+    if node.op == "call_function" and target is getattr:
+        return target  # a tensor's property in a Dynamo graph (``w.mT``, ``x.real``)
     if node.op == "call_method" and isinstance(target, str):
         return _Method(target)
     return _Unchecked(f"{node.name!r} ({node.op} {target}) has no eager kernel to run for it")

@@ -36,6 +36,7 @@ from fxviews.consumers.compile.dynamo_stage import (
     unfold_backward_traced_per_sample,
 )
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
+from fxviews.consumers.compile.output_layouts import pin_output_layouts
 from fxviews.consumers.compile.storage_bounds import with_storage_checks
 from fxviews.passes.compat.torch_internals import CompileContext, dynamo_signals, is_boxed_call
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
@@ -171,7 +172,9 @@ def _aot_backend(
         keep_inference_input_mutations=True,
         decompositions=decompositions,
     )
-    return _serialized(lower, f"fxviews_{inner_name}", strict)
+    # Eager kernels give their outputs eager's layouts; another compiler may follow the fake ones.
+    pin_outputs = inner is not _run_as_python
+    return _serialized(lower, f"fxviews_{inner_name}", strict, pin_outputs)
 
 
 def _inductor_backend(
@@ -219,7 +222,7 @@ def _inductor_backend(
                 else decompositions,
             )
 
-    return _serialized(fxviews_inductor, "fxviews_inductor", strict)
+    return _serialized(fxviews_inductor, "fxviews_inductor", strict, pin_outputs=True)
 
 
 @dataclass
@@ -232,7 +235,7 @@ class _Lowering:
 _CURRENT_LOWERING: ContextVar[_Lowering | None] = ContextVar("fxviews_lowering", default=None)
 
 
-def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
+def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool) -> Backend:
     """The first stage on Dynamo's graph (:func:`~.dynamo_stage.prepare_dynamo_graph`), then
     ``compile_fn``, under the process-wide tracing lock, falling back to eager PyTorch where
     PyTorch's own lowering fails.
@@ -252,6 +255,9 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
     (:func:`~fxviews.passes.torch_internals.dynamo_signals`: ``TensorifyScalarRestartAnalysis``,
     raised by AOTAutograd under ``dynamic=True`` to have Dynamo trace again with the scalar
     as a tensor, and the like), which reach Dynamo as they would from ``aot_eager``.
+
+    ``pin_outputs`` gives outputs eager's layouts where their fake ones differ (Note [Outputs in
+    eager's layout]), for an inner compiler that lays memory out by the fake values.
     """
 
     def serialized(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
@@ -263,6 +269,9 @@ def _serialized(compile_fn: Backend, name: str, strict: bool) -> Backend:
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
             if prepared.runs_eagerly is not None:
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
+            if pin_outputs:
+                for pinned in pin_output_layouts(gm):
+                    logger.debug("backend, %s: eager's layout pinned on %s", name, pinned)
             lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
             return with_storage_checks(lowered, prepared.storage_needs)
 
