@@ -54,6 +54,7 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
             models=("mobilenet",),
             memory_mb=8,
             small_programs=("rotary", "q_value"),
+            compiled_models=("toeplitz",),
         ),
     )
 
@@ -158,6 +159,21 @@ def test_quick_bench_prints_every_table_and_writes_json(tiny, tmp_path, capsys) 
     assert small[3]["tf/eager"] == max(line["tf/eager"] for line in small[:2])
     inside = [line["in_vmap_tf-eager_s"] for line in small[:2]]
     assert small[2]["in_vmap_tf-eager_s"] == pytest.approx(sum(inside) / 2)  # the median of two
+    # Row 13: the model in eval and trained, then the median and the worst ratio; Inductor
+    # is left out of --quick, so only the ratios to aot_eager are measured.
+    compiled_models = rows["compiled_models"]
+    assert [(line["model"], line["program"]) for line in compiled_models] == [
+        ("toeplitz", "eval"),
+        ("toeplitz", "train"),
+        ("median", ""),
+        ("worst", ""),
+    ]
+    for line in compiled_models[:2]:
+        assert line["steady fx/aot_eager"] > 0 and line["first fx/aot_eager"] > 0
+        assert line["inductor_s"] is None and line["steady fx/inductor"] is None
+    ratios = [line["steady fx/aot_eager"] for line in compiled_models[:2]]
+    assert compiled_models[3]["steady fx/aot_eager"] == max(ratios)
+    assert compiled_models[2]["steady fx/aot_eager"] == pytest.approx(sum(ratios) / 2)
     assert max(len(line) for line in printed.splitlines()) <= 100, "tables within 100 columns"
     assert all(isinstance(line["nodes"], int) and line["nodes"] > 0 for line in rows["pass_cost"])
 

@@ -1,6 +1,6 @@
 """``python -m fxviews bench``: the benchmarks of fxviews, run side by side in one process.
 
-Twelve tables, each a set of timings taken in this run with ratios beside them (ratios measured
+Thirteen tables, each a set of timings taken in this run with ratios beside them (ratios measured
 in one process on one machine are what compare; absolute times move with the machine). The
 timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 
@@ -32,8 +32,12 @@ timers are :mod:`fxviews.bench.timing`'s; this module builds what they time:
 12. ``small``      programs of a few ops each (a KV-cache write, rotary embeddings, a GRU step,
                    an optimizer step, a window sum, ...) under ``vmap``, B=3: ``transform``
                    vs eager, steady-state call and first call.
+13. ``compiled_models`` whole models compiled (Longformer's sliding-chunk attention, a cache
+                   read by chunks, a Toeplitz layer, an im2col convolution, GPT-2 blocks), eval
+                   and a training step: ``fxviews`` vs Inductor and ``aot_eager``, steady state
+                   and first compile, median and worst.
 
-Rows 1, 4 and 5 and the steady states of rows 7, 11 and 12 report the minimum CPU time over
+Rows 1, 4 and 5 and the steady states of rows 7, 11, 12 and 13 report the minimum CPU time over
 interleaved repeats, which resolves the microseconds they compare on a loaded machine; rows 2
 and 3 the median wall time. The first calls of rows 6 and 7 report CPU time beside wall time
 and, in the full run, time each compile in a fresh interpreter (Note [Cold compiles]). torch
@@ -45,7 +49,8 @@ exit with status 1.
 The package, by job: :mod:`~fxviews.bench.cli` (options, the run, the registry of rows),
 ``rows_runtime`` (rows 1, 2, 5), ``rows_engine`` (row 4), ``rows_compile`` (rows 3, 6, 7, 11),
 ``rows_models``, ``models`` and ``zoo`` (row 8 and its models), ``rows_first_hour`` (rows 9
-and 10), ``rows_small`` and ``small_programs`` (row 12 and its programs), ``workloads`` (the
+and 10), ``rows_small`` and ``small_programs`` (row 12 and its programs),
+``rows_compiled_models`` and ``compiled_models`` (row 13 and its models), ``workloads`` (the
 functions measured), ``compile_paths`` and ``cold`` (compiled paths and their first calls in
 fresh interpreters), ``timing`` (the timers), ``report`` (cells and tables), ``output`` (the
 progress line, PyTorch's warnings collected) and ``plots`` (``--plot``'s charts).

@@ -89,6 +89,11 @@ BENCHES: dict[str, tuple[str, str]] = {
         "12. small programs under vmap, B=3: transform vs eager, steady state and first call",
         "fxviews.bench.rows_small:bench_small",
     ),
+    "compiled_models": (
+        "13. whole models compiled, B=4, eval and a training step: fxviews vs Inductor and "
+        "aot_eager, steady state and first compile (cpu)",
+        "fxviews.bench.rows_compiled_models:bench_compiled_models",
+    ),
 }
 
 #: Row names, in the order they run and print.
@@ -139,8 +144,13 @@ Time fxviews against the alternatives, every comparison measured side by side in
   small       programs of a few ops (a KV-cache write, rotary embeddings, a GRU step, an
               optimizer step, a window sum, ...) under vmap: transform vs eager, per call
               and first call
+  compiled_models
+              whole models (Longformer's sliding-chunk attention, a cache read by chunks, a
+              Toeplitz layer, an im2col convolution, GPT-2 blocks) compiled, eval and a
+              training step: backend="fxviews" with Inductor vs Inductor, with its eager
+              inner compiler vs aot_eager, steady state and first compile, median and worst
 
-Rows 1, 4, 5, 7, 11 and 12 report the minimum CPU time over interleaved repeats, rows 2 and 3
+Rows 1, 4, 5, 7, 11, 12 and 13 report the minimum CPU time over interleaved repeats, rows 2 and 3
 the median wall time. torch runs on one thread unless --threads says otherwise. A path that
 cannot run here prints "n/a (why)"; a path that raises prints "n/a (error: ...)" and the run
 exits with status 1. Warnings PyTorch prints while a row runs are collected and summarized

@@ -9,6 +9,9 @@ the ``as_strided`` calls included where the real code makes them:
   (``view``, strides read with ``.stride()``, ``as_strided``), scores on the diagonals
   written into a buffer through slices, values chunked by ``as_strided`` of the padded
   values with a chunk count computed by ``torch.div``.
+* ``chunked_cache``: keys projected into a buffer padded by one window (a decode step's
+  cache) and read back as Longformer-style chunks reaching into the padding: an
+  ``as_strided`` the engine keeps, over memory written in place just before.
 * ``toeplitz``: a layer whose weight is a Toeplitz matrix made from its diagonals by
   ``as_strided`` (structured linear layers, long convolutions), between two linear layers.
 * ``im2col``: a convolution written as im2col patches (``as_strided`` with the strides of the
@@ -147,6 +150,30 @@ class Longformer(nn.Module):
         return self.layers(hidden)
 
 
+class ChunkedCache(nn.Module):
+    """Keys projected into a buffer padded by one window (a decode step's key cache), read back
+    by Longformer-style overlapping chunks whose last one reaches into the padding: an
+    ``as_strided`` no view op of the filled rows expresses, over memory just written."""
+
+    def __init__(self, width: int = WIDTH, window: int = 2) -> None:
+        super().__init__()
+        self.window = window
+        self.key, self.out = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = hidden.shape
+        w = self.window
+        cache = hidden.new_zeros(batch, tokens + w, width)
+        cache[:, :tokens] = self.key(hidden)
+        filled = cache[:, :tokens]
+        stride = filled.stride()
+        chunks = filled.as_strided(
+            (batch, tokens // w, 2 * w, width), (stride[0], w * stride[1], stride[1], stride[2])
+        )
+        mixed = (chunks.softmax(2) * chunks).sum(2)
+        return self.out(mixed.repeat_interleave(w, 1))
+
+
 class Toeplitz(nn.Module):
     """``linear -> x @ T -> linear``, ``T[i, j] = diagonals[n - 1 - i + j]`` made by
     ``as_strided`` over the flipped diagonals (a Hankel view, flipped back)."""
@@ -246,6 +273,7 @@ class CompiledModel:
 
 COMPILED_MODELS: dict[str, CompiledModel] = {
     "longformer": CompiledModel(Longformer, (TOKENS, WIDTH)),
+    "chunked_cache": CompiledModel(ChunkedCache, (TOKENS, WIDTH)),
     "toeplitz": CompiledModel(Toeplitz, (64,)),
     "im2col": CompiledModel(Im2colConv, (3, 12, 12)),
     "gpt2": CompiledModel(GPT2, (TOKENS, WIDTH)),

@@ -42,6 +42,8 @@ class Settings:
     zoo_image_side: int = 64  # the zoo's images in row 8 (a multiple of 16, for the ViT)
     # Row 12's programs (fxviews.bench.small_programs), by name; None: every one.
     small_programs: tuple[str, ...] | None = None
+    # Row 13's models (fxviews.bench.compiled_models), by name; None: every one.
+    compiled_models: tuple[str, ...] | None = None
     memory_mb: int = 256  # row 10's input: push_jvp's three tensors, this many MB in all
     compiled_batch: int = COMPILED_BATCH  # row 7's batch
     models_batch: int = MODELS_BATCH  # row 8's samples per batch

@@ -35,6 +35,7 @@ from fxviews.consumers.compile.dynamo_stage import (
     prepare_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
+from fxviews.consumers.compile.graph_splits import split_before
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
 from fxviews.consumers.compile.output_layouts import pin_output_layouts
 from fxviews.consumers.compile.storage_bounds import with_storage_checks
@@ -267,13 +268,26 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
         with tracing_lock, preserved_torch_state(), guards_allowed():
             check_layout_reads(gm)
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
-            if prepared.runs_eagerly is not None:
+            if prepared.runs_eagerly is not None and (strict or not prepared.split_before):
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
             if pin_outputs:
                 for pinned in pin_output_layouts(gm):
                     logger.debug("backend, %s: eager's layout pinned on %s", name, pinned)
-            lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
-            return with_storage_checks(lowered, prepared.storage_needs)
+            if prepared.runs_eagerly is None:
+                lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
+                return with_storage_checks(lowered, prepared.storage_needs)
+            logger.info(
+                "backend=%r splits this graph before the node, as a graph break would, and "
+                "compiles both parts: %s",
+                name,
+                prepared.runs_eagerly,
+            )
+            split = split_before(
+                gm,
+                prepared.split_before,
+                lambda part, inputs: _lowered(compile_fn, part, inputs, name, strict),
+            )
+            return with_storage_checks(split.forward, prepared.storage_needs)
 
     # torch.compile names the backend after __name__ in its logs and errors.
     serialized.__name__ = name

@@ -84,11 +84,14 @@ from fxviews.rewriting.steps import RewriteResult, rewrite_in_place
 
 @dataclasses.dataclass(frozen=True)
 class PreparedGraph:
-    """Dynamo's graph after the first stage: why it must run as eager PyTorch (None: it goes
-    on to AOTAutograd), and the storage each kept as_strided needs of a graph input."""
+    """Dynamo's graph after the first stage: why it cannot go to AOTAutograd whole (None: it
+    can), the nodes before which it is split instead (empty: it runs as eager PyTorch whole;
+    Note [Splitting before kept reads of written memory]), and the storage each kept
+    as_strided needs of a graph input."""
 
     runs_eagerly: str | None
     storage_needs: list[StorageNeed]
+    split_before: tuple[torch.fx.Node, ...] = ()
 
 
 def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> PreparedGraph:
@@ -113,8 +116,13 @@ def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> P
             name,
             window,
         )
+    hazard = write_hazard(gm)
     needs, past_storage = storage_needs(gm)
-    return PreparedGraph(write_hazard(gm) or past_storage, needs)
+    if hazard is not None and not hazard.split_before:
+        return PreparedGraph(hazard.reason, needs)
+    if past_storage is not None or hazard is None:
+        return PreparedGraph(past_storage, needs)
+    return PreparedGraph(hazard.reason, needs, hazard.split_before)
 
 
 def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResult | None:

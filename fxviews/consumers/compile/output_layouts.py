@@ -55,19 +55,25 @@ def pin_output_layouts(gm: torch.fx.GraphModule) -> list[str]:
         for n in pytree.tree_leaves(gm.graph.output_node().args)
         if isinstance(n, torch.fx.Node) and isinstance(n.meta.get("example_value"), FakeTensor)
     ]
-    if not outputs:
+    return pin_eager_layouts(gm, outputs)
+
+
+def pin_eager_layouts(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> list[str]:
+    """:func:`pin_output_layouts` for ``nodes`` of ``gm``, outputs or not: the storage root of
+    each whose traced layout is not eager's gets eager's layout; what was pinned, in words."""
+    if not nodes:
         return []
     values = assign_values(gm)
     roots: dict[torch.fx.Node, Geometry] = {}
     try:
         truth = LayoutTruth(gm)
-        for output in outputs:
-            if output in values.batched or not _static(output.meta.get("val")):
+        for node in nodes:
+            if node in values.batched or not _static(node.meta.get("val")):
                 continue
-            differs, _ = truth.layout_doubt(output)
+            differs, _ = truth.layout_doubt(node)
             if not differs:
                 continue
-            root = _storage_root(output)
+            root = storage_root(node)
             eager = truth.eager_layout(root)
             if eager is not None and eager.offset == 0 and _static(root.meta.get("val")):
                 roots[root] = eager
@@ -79,7 +85,7 @@ def pin_output_layouts(gm: torch.fx.GraphModule) -> list[str]:
     return pinned
 
 
-def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
+def storage_root(node: torch.fx.Node) -> torch.fx.Node:
     """The node that made ``node``'s memory: up through first arguments sharing its storage."""
     storage = node_storage(node)
     while node.args and isinstance(parent := node.args[0], torch.fx.Node):

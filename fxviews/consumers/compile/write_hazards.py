@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.fx
@@ -76,9 +77,22 @@ _AUGMENTED = frozenset(
 _NOT_WRITES = frozenset({"requires_grad_", "retain_grad", "share_memory_", "record_stream"})
 
 
-def write_hazard(gm: torch.fx.GraphModule) -> str | None:
+@dataclass(frozen=True)
+class Hazard:
+    """Why AOTAutograd would give a graph other numbers than eager (``reason``, naming the
+    node), and the kept as_strided nodes reading written memory that alone would: split
+    before them, every part compiles (Note [Splitting before kept reads of written memory];
+    empty: the graph runs as eager PyTorch whole)."""
+
+    reason: str
+    split_before: tuple[torch.fx.Node, ...] = ()
+
+
+def write_hazard(gm: torch.fx.GraphModule) -> Hazard | None:
     """Why AOTAutograd would give ``gm`` (Dynamo's graph, after the first stage) other numbers
-    than eager, naming the node; None where it would not (see the Note)."""
+    than eager, naming the node; None where it would not (see the Note). A kept as_strided
+    reading memory written before it is a hazard of its own: it alone reads the updated
+    tensor's layout, and past a split before it reads eager's memory (``split_before``)."""
     writes = [(node, target) for node in gm.graph.nodes for target in written_nodes(node)]
     if not writes:  # most graphs: nothing to look at
         return None
@@ -88,16 +102,17 @@ def write_hazard(gm: torch.fx.GraphModule) -> str | None:
     for node, target in writes:
         why = _through_a_view(node, target, storage)
         if why is not None:
-            return why
+            return Hazard(why)
         target_storage = storage.get(target)
         if target_storage is not None:
             written.setdefault(target_storage, node)
     aliased = _aliased_inputs(gm.graph, storage)
     returned = {storage.get(n) for n in gm.graph.output_node().all_input_nodes}
+    reads: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (kept as_strided, earlier writer)
     for node in gm.graph.nodes:
         sid = storage.get(node)
         if node.op == "placeholder" and sid in aliased and sid in written and sid in returned:
-            return (
+            return Hazard(
                 f"graph inputs {aliased[sid]} share memory, {describe_node(written[sid])} "
                 "writes it in place and the graph returns a view of it: AOTAutograd merges "
                 "them into a synthetic base and regenerates that view from the other input "
@@ -107,12 +122,16 @@ def write_hazard(gm: torch.fx.GraphModule) -> str | None:
         source_storage = storage.get(source) if isinstance(source, torch.fx.Node) else None
         writer = written.get(source_storage) if source_storage is not None else None
         if as_strided_op(node) is not None and writer and position[writer] < position[node]:
-            return (
-                f"{describe_node(node)} stays an as_strided and reads memory "
-                f"{describe_node(writer)} wrote in place: AOTAutograd's updated tensor has its "
-                "own strides, not the written one's (pytorch #133512)"
-            )
-    return None
+            reads.append((node, writer))
+    if not reads:
+        return None
+    node, writer = reads[0]
+    return Hazard(
+        f"{describe_node(node)} stays an as_strided and reads memory {describe_node(writer)} "
+        "wrote in place: AOTAutograd's updated tensor has its own strides, not the written "
+        "one's (pytorch #133512)",
+        tuple(n for n, _ in reads),
+    )
 
 
 def _through_a_view(
