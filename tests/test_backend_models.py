@@ -30,17 +30,24 @@ def _trained(model, x):
     return out, x.grad, [p.grad.clone() for p in model.parameters()]
 
 
+def _trained_through_a_recorder(name, caplog, level):
+    """Model ``name`` compiled with a recording inner compiler, trained one step beside eager
+    (values and gradients compared), the fxviews logger captured at ``level``."""
+    model, make_input = build(name)
+    x = make_input(batch=2)
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=fxviews.backend(inner=recorder))
+    with caplog.at_level(level, logger="fxviews"):
+        torch.testing.assert_close(_trained(compiled, x), _trained(model, x))
+    return recorder
+
+
 def test_longformer_reaches_the_inner_compiler_whole(caplog):
     """Longformer's as_strided nodes are rewritten in Dynamo's graph, before AOTAutograd
     functionalizes ``query /= sqrt(d)``: the model is one graph for the inner compiler, forward
     and backward, with no as_strided left. Before, one kept chunk reading the written query ran
     the whole graph as eager PyTorch."""
-    model, make_input = build("longformer")
-    x = make_input(batch=2)
-    recorder = Recorder()
-    compiled = torch.compile(model, backend=fxviews.backend(inner=recorder))
-    with caplog.at_level("WARNING", logger="fxviews"):
-        torch.testing.assert_close(_trained(compiled, x), _trained(model, x))
+    recorder = _trained_through_a_recorder("longformer", caplog, "WARNING")
     assert "fxviews" not in caplog.text, caplog.text  # no eager fallback, no unchecked layout
     assert len(recorder.graphs) == 2  # forward and backward
     assert recorder.as_strided_counts() == [0, 0], [gm.code for gm in recorder.graphs]
@@ -53,12 +60,7 @@ def test_a_graph_is_split_before_a_kept_read_of_written_memory(caplog):
     as a graph break would split it: both parts reach the inner compiler, forward and backward,
     and in the second the cache is an input, of which the engine makes the chunks views.
     Before, the whole graph ran as eager PyTorch."""
-    model, make_input = build("chunked_cache")
-    x = make_input(batch=2)
-    recorder = Recorder()
-    compiled = torch.compile(model, backend=fxviews.backend(inner=recorder))
-    with caplog.at_level("INFO", logger="fxviews"):
-        torch.testing.assert_close(_trained(compiled, x), _trained(model, x))
+    recorder = _trained_through_a_recorder("chunked_cache", caplog, "INFO")
     assert "eager PyTorch" not in caplog.text
     assert "splits this graph" in caplog.text and "'chunks'" in caplog.text
     assert len(recorder.graphs) == 4, [gm.code for gm in recorder.graphs]  # 2 parts, fw and bw
@@ -77,3 +79,23 @@ def test_a_split_graph_with_inner_inductor_gives_eagers_numbers():
         for seed in (0, 1):
             x = make_input(batch=2, seed=seed)
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_each_part_of_a_split_graph_compiles_its_backward_with_its_own_metadata():
+    """AOTAutograd keeps a graph's metadata in the tracing context, and its lazy backward
+    compile reads it back there (Inductor's donated buffers). Each part of a split graph is
+    lowered in a context of its own: each backward sees its own forward's metadata, not the
+    last part's."""
+    seen = []
+
+    def record(gm, example_inputs):
+        context = torch._guards.TracingContext.try_get()
+        seen.append(id(context.fw_metadata))
+        return gm.forward
+
+    model, make_input = build("chunked_cache")
+    x = make_input(batch=2)
+    _trained(torch.compile(model, backend=fxviews.backend(inner=record)), x)
+    forward_first, forward_second, backward_second, backward_first = seen
+    assert forward_first != forward_second
+    assert (backward_first, backward_second) == (forward_first, forward_second)

@@ -629,6 +629,29 @@ def wrap_dynamo_tensor_method(name: str, wrap: Callable[[Any], Any]) -> None:
         setattr(variable, f"method_{name}", wrap(getattr(variable, f"method_{name}")))
 
 
+@contextlib.contextmanager
+def own_tracing_context() -> Iterator[None]:
+    """A tracing context of its own for one of several AOTAutograd lowerings under one Dynamo
+    graph (``torch._guards.TracingContext`` and ``tracing``, 2.0), sharing the current one's
+    fake mode and Dynamo's guards, modules and globals: AOTAutograd keeps the metadata of the
+    graph it lowers there (``fw_metadata``), which its lazy backward compile reads back (the
+    buffers Inductor may donate); with one context, each lowering would overwrite the last's
+    (what DDPOptimizer's own context works around). No current context: nothing to separate.
+    """
+    from torch._guards import TracingContext, tracing
+
+    current = TracingContext.try_get()
+    if current is None:
+        yield
+        return
+    own = TracingContext(current.fake_mode)
+    own.guards_context = current.guards_context
+    own.module_context = current.module_context
+    own.global_context = current.global_context
+    with tracing(own):
+        yield
+
+
 def dynamo_signals() -> tuple[type[BaseException], ...]:
     """The exceptions Dynamo itself handles when a backend raises them while compiling: not a
     backend's failure but Dynamo's own control flow, to be let through to it.
@@ -856,6 +879,7 @@ BOUND_NAMES = (
     "global_module_hook_dicts",
     "dynamo_functorch_calls",
     "dynamo_signals",
+    "own_tracing_context",
     "wrap_dynamo_tensor_method",
     "forget_static_evaluations",
 )

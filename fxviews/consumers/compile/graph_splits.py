@@ -22,9 +22,10 @@ there, and every part compiles:
    around it stay in their order, as in eager. Each part is lowered by the backend's own
    lowering (AOTAutograd, the engine, the inner compiler) with the example values Dynamo
    recorded for its inputs, and autograd joins the parts as it joins the graphs of a graph
-   break. In the part that reads it, the node is proven against its input's layout by the
-   engine like any other (a chain of views where one exists), and a part whose lowering fails
-   runs as eager PyTorch alone.
+   break (each lowering in a tracing context of its own, whose metadata its backward
+   compile reads back). In the part that reads it, the node is proven against its input's
+   layout by the engine like any other (a chain of views where one exists), and a part whose
+   lowering fails runs as eager PyTorch alone.
 3. **Eager's memory at the seam.** The root's memory must be laid out as eager lays it: where
    its traced layout is not eager's it is pinned to eager's in the graph before the split
    (Note [Outputs in eager's layout]), and the previous part returns it so (Inductor keeps its
@@ -54,6 +55,7 @@ from torch.fx.passes.split_module import split_module
 from fxviews.consumers.compile.output_layouts import pin_eager_layouts
 from fxviews.consumers.compile.write_hazards import node_storage, written_nodes
 from fxviews.passes.analysis.as_strided_calls import bind_as_strided
+from fxviews.passes.compat.torch_internals import own_tracing_context
 
 #: Lowers one compiled partition: ``lower(partition, example_inputs)`` returns its function.
 Lower = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
@@ -132,7 +134,8 @@ class _Lowered(torch.nn.Module):
         if self.single:
             output.args = ((output.args[0],),)
             submodule.recompile()
-        self.compiled = lower(submodule, inputs)
+        with own_tracing_context():  # each part's metadata for its own backward compile
+            self.compiled = lower(submodule, inputs)
 
     def forward(self, *args: Any) -> Any:
         outputs = self.compiled(*args)
