@@ -53,6 +53,20 @@ def test_longformer_reaches_the_inner_compiler_whole(caplog):
     assert recorder.as_strided_counts() == [0, 0], [gm.code for gm in recorder.graphs]
 
 
+def test_longformer_with_inner_inductor_matches_eager_and_inductor_alone(caplog):
+    model, make_input = build("longformer")
+    x = make_input(batch=2)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="fxviews"):
+        expected = model(x)
+        inductor = torch.compile(model)(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="fxviews", options={"inner": "inductor"})(x)
+    torch.testing.assert_close(compiled, expected)
+    torch.testing.assert_close(compiled, inductor)
+    assert compiled.stride() == expected.stride()
+    assert "fxviews" not in caplog.text
+
+
 def test_a_graph_is_split_before_a_kept_read_of_written_memory(caplog):
     """The cache's chunks stay an as_strided in Dynamo's graph (the last reaches into the
     padding, past the filled rows it is taken of) over memory written in place just before:

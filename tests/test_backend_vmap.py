@@ -148,6 +148,11 @@ def test_longformer_chunks_under_vmap_read_strides_in_vmaps_layout(batch_dim):
     torch.testing.assert_close(compiled(*args), expected)
     transformed = vmap(fxviews.transform(scores), in_dims=batch_dim)
     torch.testing.assert_close(transformed(*args), expected)
+    if batch_dim == 1:  # with Inductor inside too, once (its compiles are slow on CPU)
+        reset_dynamo()
+        inner = {"inner": "inductor"}
+        compiled = torch.compile(vmap(scores, in_dims=1), backend="fxviews", options=inner)
+        torch.testing.assert_close(compiled(*args), expected)
 
 
 def test_nested_vmap_is_the_loop_of_loops():

@@ -90,8 +90,7 @@ BENCHES: dict[str, tuple[str, str]] = {
         "fxviews.bench.rows_small:bench_small",
     ),
     "compiled_models": (
-        "13. whole models compiled, B=4, eval and a training step: fxviews vs Inductor and "
-        "aot_eager, steady state and first compile (cpu)",
+        "13. whole models compiled, B=4, eval and a train step: fxviews vs Inductor, aot_eager",
         "fxviews.bench.rows_compiled_models:bench_compiled_models",
     ),
 }

@@ -175,6 +175,18 @@ SHORT_HEADERS.update(
 
 #: Printed names of row 12's columns.
 SHORT_HEADERS.update({"eager_s": "eager", "tf_s": "tf"})
+#: Printed names of row 13's columns: steady states, and ratios of steady states and of first
+#: compiles (CPU time).
+SHORT_HEADERS.update(
+    {
+        "inductor_steady_s": "inductor\nsteady",
+        "aot_eager_steady_s": "aot_eager\nsteady",
+        "steady fx/inductor": "steady\nfx/\ninductor",
+        "first fx/inductor": "first\nfx/\ninductor",
+        "steady fx/aot_eager": "steady\nfx/\naot_eager",
+        "first fx/aot_eager": "first\nfx/\naot_eager",
+    }
+)
 
 #: What a column means where its header cannot say it: printed under every table that has it.
 LEGENDS = {

@@ -94,38 +94,60 @@ def _measure(
     paths: dict[str, dict[str, Any]],
     settings: Settings,
 ) -> dict[str, Any]:
+    """First compiles, the paths alternating round by round (a burst of load hits them alike),
+    then every path compiled once more and timed side by side: a first call resets Dynamo,
+    so no steady state is built before the last first call."""
     train = kind == "train"
+    wraps = {path: _wrap(path, kind, options) for path, options in paths.items()}
+    calls: dict[str, list[tuple[float | None, str]]] = {path: [] for path in paths}
+    program = functools.partial(_program, model, kind)
+    for _ in range(settings.compile_repeats):
+        for path, wrap in wraps.items():
+            first_seconds = functools.partial(_first_seconds, program, wrap, x, train)
+            calls[path].append(measured(first_seconds))
     first: dict[str, float | None] = {}
-    notes = []
     ready: dict[str, Callable[[], Any]] = {}
-    for path, options in paths.items():
-
-        def wrap(fn: Callable[..., Any], path: str = path, options: Any = options) -> Any:
-            return torch.compile(own_code(fn, f"{path} {kind}"), **options)
-
-        def first_seconds(wrap: Callable[..., Any] = wrap) -> float:
-            return first_call(lambda: _program(model, kind), wrap, (x,), train).cpu_s
-
-        calls = [measured(first_seconds) for _ in range(settings.compile_repeats)]
-        notes += [f"{path}: {note}" for _, note in calls if note]
-        seconds = [s for s, _ in calls if s is not None]
+    for path, results in calls.items():
+        seconds = [s for s, _ in results if s is not None]
         first[path] = statistics.median(seconds) if seconds else None
         if seconds:
-            compiled = wrap(_program(model, kind))
-            step = (
-                functools.partial(_step, compiled, x) if train else functools.partial(compiled, x)
-            )
+            compiled = wraps[path](_program(model, kind))
+            step = functools.partial(_step if train else _forward, compiled, x)
             step()  # compiled (caches on): the steady state follows
             ready[path] = step
     steady = steady_seconds(ready, settings)
     line: dict[str, Any] = {
-        "inductor_s": steady.get("inductor"),
-        "aot_eager_s": steady.get("aot_eager"),
+        "inductor_steady_s": steady.get("inductor"),
+        "aot_eager_steady_s": steady.get("aot_eager"),
     }
     for column, path, base, measure in RATIOS:
         times = steady if measure == "steady" else first
         line[column] = ratio(times.get(path), times.get(base))
-    return {**line, "note": "; ".join(notes)}
+    notes = [f"{path}: {note}" for path, results in calls.items() for _, note in results if note]
+    return {**line, "note": "; ".join(dict.fromkeys(notes))}
+
+
+def _first_seconds(
+    program: Callable[[], Callable[..., Any]],
+    wrap: Callable[..., Any],
+    x: torch.Tensor,
+    train: bool,
+) -> float:
+    """CPU seconds of a compile from scratch and the first call (its backward if ``train``)."""
+    return first_call(program, wrap, (x,), train).cpu_s
+
+
+def _wrap(path: str, kind: str, options: dict[str, Any]) -> Callable[..., Any]:
+    """How ``path`` compiles a program: its own code object, so paths share no Dynamo cache."""
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        return torch.compile(own_code(fn, f"{path} {kind}"), **options)
+
+    return wrap
+
+
+def _forward(compiled: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
+    compiled(x)
 
 
 def _step(compiled: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
@@ -134,7 +156,8 @@ def _step(compiled: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
 
 
 def _summary(label: str, table: Table, pick: Callable[[list[float]], float]) -> dict[str, Any]:
-    line: dict[str, Any] = {"model": label, "program": "", "inductor_s": None, "aot_eager_s": None}
+    line: dict[str, Any] = {"model": label, "program": ""}
+    line |= {"inductor_steady_s": None, "aot_eager_steady_s": None}
     for column, *_ in RATIOS:
         values = [row[column] for row in table if row[column] is not None]
         line[column] = pick(values) if values else None
