@@ -746,6 +746,9 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "FloorDiv": ("torch.utils._sympy.functions", "FloorDiv"),
     # The fake mode of a Dynamo graph's example values (detect_fake_mode, 2.0).
     "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
+    # A Dynamo graph split in graph order into parts lowered one by one, as a graph break
+    # splits it (split_module, 1.8; keep_original_order, 2.0).
+    "split_module": ("torch.fx.passes.split_module", "split_module"),
     # Metadata for graphs that lack it (FakeTensorProp, 2.0).
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).

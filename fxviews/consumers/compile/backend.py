@@ -253,9 +253,10 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
     with a warning through the ``fxviews`` logger; PyTorch's thread state is restored first.
     ``strict=True`` raises instead. Errors from the engine or the inner compiler are never
     swallowed, and neither are the exceptions Dynamo uses for its own control flow
-    (:func:`~fxviews.passes.torch_internals.dynamo_signals`: ``TensorifyScalarRestartAnalysis``,
-    raised by AOTAutograd under ``dynamic=True`` to have Dynamo trace again with the scalar
-    as a tensor, and the like), which reach Dynamo as they would from ``aot_eager``.
+    (:func:`~fxviews.passes.compat.torch_internals.dynamo_signals`:
+    ``TensorifyScalarRestartAnalysis``, raised by AOTAutograd under ``dynamic=True`` to have
+    Dynamo trace again with the scalar as a tensor, and the like), which reach Dynamo as they
+    would from ``aot_eager``.
 
     ``pin_outputs`` gives outputs eager's layouts where their fake ones differ (Note [Outputs in
     eager's layout]), for an inner compiler that lays memory out by the fake values.

@@ -50,12 +50,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.passes.split_module import split_module
 
 from fxviews.consumers.compile.output_layouts import pin_eager_layouts
 from fxviews.consumers.compile.write_hazards import node_storage, written_nodes
 from fxviews.passes.analysis.as_strided_calls import bind_as_strided
-from fxviews.passes.compat.torch_internals import own_tracing_context
+from fxviews.passes.compat.torch_internals import own_tracing_context, split_module
 
 #: Lowers one compiled partition: ``lower(partition, example_inputs)`` returns its function.
 Lower = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
