@@ -228,9 +228,9 @@ COMPILE_SIZES = (6, 8, 11, 15)
 def aten_stage_only():
     """The backend with its Dynamo-graph rewrite off: the aten graphs' stage alone, as for the
     as_strided AOTAutograd makes itself. Outside vmap the Dynamo stage leaves symbolic
-    as_strided to the aten stage, while a static one reaches AOTAutograd as view ops (so it
-    differentiates no as_strided): comparing a symbolic compile with a static one compares
-    the aten stage's graphs, with it alone."""
+    as_strided that nothing differentiates to the aten stage, while a static one reaches
+    AOTAutograd as view ops (so it differentiates no as_strided): comparing a symbolic
+    compile with a static one compares the aten stage's graphs, with it alone."""
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(dynamo_stage, "rewrite_dynamo_graph", lambda gm, strict: None)
         yield

@@ -23,10 +23,15 @@ What an ``as_strided`` means here (the semantics of ``fxviews.transform``):
   wherever the batch dim lies in memory (Note [Per-sample values of Dynamo's graph]).
 
 In a graph whose as_strided nodes are all outside vmap, those with symbolic sizes (or sizes
-the graph computes, such as Longformer's ``torch.div`` chunk counts) are left to the second
-stage, which reads the same layouts and emits its chains after AOTAutograd has traced (here
-AOTAutograd's fake kernels would trace them and guard on their sizes: a bounded chain's
-run-time assertion would become a recompile); the static ones are rewritten here.
+the graph computes, such as Longformer's ``torch.div`` chunk counts) and not differentiated
+are left to the second stage, which reads the same layouts and emits its chains after
+AOTAutograd has traced (here AOTAutograd's fake kernels would trace them and guard on their
+sizes: a bounded chain's run-time assertion would become a recompile); the static ones are
+rewritten here. So is one AOTAutograd differentiates (its value requires grad): the backward it
+derives from an ``as_strided`` is an ``as_strided_scatter`` into the gradient's buffer, which
+has no scatter form where the region's chain takes windows (``unfold``), so the second stage
+would hand it to the inner compiler; the backward of view ops holds none. The price is the
+recompile those fake kernels may add.
 
 The stage puts those values in ``meta["val"]`` and runs the same engine as every other entry
 point (:class:`~fxviews.passes.AsStridedToViews`: provenance, synthesis, verification, layout
@@ -138,8 +143,9 @@ def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResul
         # Outside vmap the aten graphs' stage reads the same layouts, and there the view ops of
         # a chain proven for every size are emitted after AOTAutograd has traced: here its fake
         # kernels would trace them and guard on their sizes (a recompile). Those nodes are left
-        # to it; the static ones are rewritten here, before functionalization reads them.
-        symbolic = frozenset(n.name for n in nodes if _symbolic(n))
+        # to it, but for one AOTAutograd differentiates (its backward would be an
+        # as_strided_scatter); the rest are rewritten here, before functionalization reads them.
+        symbolic = frozenset(n.name for n in nodes if _symbolic(n) and not _differentiated(n))
         leave = frozenset() if any(n in values.batched for n in nodes) else symbolic
         if len(leave) == len(nodes):
             return None
@@ -190,6 +196,12 @@ def _symbolic(node: torch.fx.Node) -> bool:
         or geometry is None
         or not all(type(v) is int for v in (*geometry.sizes, *geometry.strides, geometry.offset))
     )
+
+
+def _differentiated(node: torch.fx.Node) -> bool:
+    """Whether AOTAutograd differentiates ``node``: its value requires grad."""
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 def _all_inputs_valued(gm: torch.fx.GraphModule) -> bool:
