@@ -56,14 +56,26 @@ class OutputDeferringReplacer:
 
 
 def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """A deep copy of ``graph`` to edit, without torch's warning about copying pytree specs.
+    """A deep copy of ``graph`` to edit, its nodes named as in ``graph``, without torch's
+    warning about copying pytree specs.
+
+    FX names the nodes a copy creates afresh, and a fresh name never shadows a Python builtin:
+    a placeholder ``input`` becomes ``input_1``. torch.export names placeholders after the
+    forward's arguments (``nn.Linear``'s is ``input``) and its signature refers to them by
+    name, so the copy takes back each original name (unique in ``graph``, so in the copy).
 
     Example::
 
         >>> work = torch.fx.GraphModule(gm, copy_graph(gm.graph))
+        >>> [n.name for n in work.graph.nodes] == [n.name for n in gm.graph.nodes]
+        True
     """
     with collector_paused(), pytree_spec_copies():
-        return copy.deepcopy(graph)
+        copied = copy.deepcopy(graph)
+    for original, node in zip(graph.nodes, copied.nodes, strict=True):
+        if node.name != original.name:
+            node.name = original.name
+    return copied
 
 
 @contextlib.contextmanager

@@ -306,11 +306,14 @@ def assert_tree_close(
     rtol: float | None = None,
     atol: float | None = None,
     msg: str = "",
+    equal_nan: bool = False,
 ) -> None:
     """Assert two pytrees have the same structure and ``torch.testing.assert_close`` leaves.
 
     Tuples and lists are treated alike (GraphModules return lists where Python returned tuples);
-    shapes and dtypes must match exactly. ``msg`` is prefixed to the failure message.
+    shapes and dtypes must match exactly. ``msg`` is prefixed to the failure message;
+    ``equal_nan=True`` takes a NaN where the other has one as equal (an op's samples outside
+    its domain).
     """
     actual_leaves, actual_spec = pytree.tree_flatten(_tuples_to_lists(actual))
     expected_leaves, expected_spec = pytree.tree_flatten(_tuples_to_lists(expected))
@@ -325,6 +328,7 @@ def assert_tree_close(
             e,
             rtol=rtol,
             atol=atol,
+            equal_nan=equal_nan,
             msg=lambda m, position=position: f"{msg}: output leaf {position}: {m}",
         )
 

@@ -753,6 +753,9 @@ _ON_USE: dict[str, tuple[str, str]] = {
     "FakeTensorProp": ("torch.fx.passes.fake_tensor_prop", "FakeTensorProp"),
     # The OpInfo database the tests draw view-op samples from (op_db, 1.9).
     "op_db": ("torch.testing._internal.common_methods_invocations", "op_db"),
+    # The ModuleInfo database of torch.nn modules and their samples the export tests build
+    # (module_db, 1.10).
+    "module_db": ("torch.testing._internal.common_modules", "module_db"),
     # DTensor sharding strategies (fxviews.dtensor): what a strategy function returns
     # (OpStrategy of OpSpecs over DTensorSpecs), the cache key of its static arguments
     # (RuntimeSchemaInfo) and the cost of moving an input to a spec; clearing the Python and
