@@ -159,6 +159,37 @@ def test_nothing_read_from_memory_the_graph_writes_is_computed_once() -> None:
     assert_vmap_matches_per_sample(tf, basis_then_scale, make_samples([(4,)], 3, seed=4))
 
 
+def count_then_variance(x):
+    """torch.masked.var's own pattern: a count computed from sizes alone (input-free), read by
+    ``new_zeros`` for its dtype and, after it, for its values."""
+    count = torch.ones(x.shape, dtype=torch.int64).sum().float() - 1
+    return (x - x.mean()).square().sum() / torch.maximum(count, count.new_zeros(()))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        count_then_variance,
+        lambda x: torch.masked.var(x),
+        lambda x: torch.masked.std(x),
+        lambda x: torch.masked.var(x, 0),
+    ],
+    ids=["count_then_variance", "masked_var", "masked_std", "masked_var_dim"],
+)
+def test_a_result_computed_once_and_read_by_new_zeros_keeps_its_value(fn) -> None:
+    # new_zeros reads only its argument's dtype and device, and the folding stood in an empty
+    # tensor for it: where that argument was itself computed once, its value became the empty
+    # stand-in for every later reader (torch.masked.var returned tensor([])).
+    samples = make_samples([(5, 5, 5)], 3, seed=6, dtype=torch.float32)
+    gm = _graph(fn, *samples[0])
+    assert fold_input_free_results(gm) > 0
+    gm.recompile()
+    assert_tree_close(gm(*samples[1]), fn(*samples[1]))
+    tf = fxviews.transform(fn, strict=True)
+    assert_tree_close(tf(*samples[1]), fn(*samples[1]))
+    assert_vmap_matches_per_sample(tf, fn, samples)
+
+
 def test_results_of_a_parameter_are_computed_on_every_call() -> None:
     tf = fxviews.transform(closes_over_a_parameter, strict=True)
     x, y = randn(4), randn(4)

@@ -36,6 +36,8 @@ Example::
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -111,10 +113,16 @@ def _compute(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, Any]:
     values: dict[torch.fx.Node, Any] = {}
     with disable_current_modes(), torch.no_grad():
         for node in nodes:
-            if node.target in _NEW_FROM:  # an empty tensor of the argument's dtype and device
-                like = node.args[0].meta["val"]  # type: ignore[union-attr]
-                values[node.args[0]] = torch.empty(0, dtype=like.dtype, device=like.device)  # type: ignore[index]
-            args = torch.fx.node.map_arg(node.args, values.__getitem__)
-            kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+            known: Mapping[torch.fx.Node, Any] = values
+            source = node.args[0] if node.target in _NEW_FROM else None
+            if isinstance(source, torch.fx.Node) and source not in values:
+                # Not computed once (an input): only its dtype and device are read, so an empty
+                # tensor of those stands in, for this node alone. Kept out of ``values``, which
+                # holds the value of each node computed once: later nodes read those.
+                like = source.meta["val"]
+                empty = torch.empty(0, dtype=like.dtype, device=like.device)
+                known = collections.ChainMap({source: empty}, values)
+            args = torch.fx.node.map_arg(node.args, known.__getitem__)
+            kwargs = torch.fx.node.map_arg(node.kwargs, known.__getitem__)
             values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
     return values
