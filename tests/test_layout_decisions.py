@@ -24,6 +24,7 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from fxviews.passes.compat.torch_internals import is_functorch_wrapped_tensor
 from fxviews.tracing.layout_decisions import DECIDING_FUNCTIONS
 from tests.layout_sweep import LAYOUTS, LayoutOp, layout_deciding_ops, memory_format_ops
 from tests.reference import (
@@ -303,3 +304,33 @@ def test_a_decision_inside_the_functions_own_grad_is_viewed_further() -> None:
     per_sample_grad = grad(loss)
     samples = make_samples([(4, 3)], BATCH, seed=stable_seed("reshape inside grad"))
     assert_vmap_matches_per_sample(fxviews.transform(per_sample_grad), per_sample_grad, samples)
+
+
+def _heads_into_chunks(x: torch.Tensor) -> torch.Tensor:
+    """Longformer's chunking: heads first (a transpose), merged with the batch by a reshape
+    that copies, the sequence split into chunks by a view of that copy."""
+    return x.transpose(1, 2).reshape(2, 16, 4).view(2, 4, 4, 4).sin()
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_a_copying_decision_inside_the_functions_own_transform_holds_a_plain_value(
+    transform: str,
+) -> None:
+    """A ``reshape`` that copies, inside the function's own ``grad`` or ``jvp``: make_fx binds
+    its result to the node with a snapshot (a ``detach``), which the transform's level would
+    wrap (no storage to read: the reshape step's fake value of the view after it raised)."""
+    if transform == "grad":
+        fn = grad(lambda x: _heads_into_chunks(x).pow(2).sum())
+        shapes = [(1, 16, 2, 4)]
+    else:
+        fn = lambda x, t: jvp(_heads_into_chunks, (x,), (t,))  # noqa: E731
+        shapes = [(1, 16, 2, 4)] * 2
+    samples = make_samples(shapes, BATCH, seed=stable_seed(f"copying reshape in {transform}"))
+    gm = fxviews.trace(fn, *samples[0])
+    wrapped = [n.name for n in gm.graph.nodes if _is_functorch_wrapper(n.meta.get("val"))]
+    assert not wrapped, f"nodes whose value is a torch.func level's wrapper: {wrapped}"
+    assert_vmap_matches_per_sample(fxviews.transform(fn), fn, samples)
+
+
+def _is_functorch_wrapper(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and is_functorch_wrapped_tensor(value)

@@ -79,6 +79,7 @@ from fxviews.passes.compat.torch_internals import (
     last_node,
     no_torch_function,
     storage_identity,
+    temporarily_clear_interpreter_stack,
     track_tensor_tree,
 )
 from fxviews.passes.graph_edits import describe_call
@@ -199,7 +200,10 @@ class _MakeFx:
         proxy = self.tracer.create_proxy(
             "call_function", call.op, (self.tracer.proxy(source), *call.args), call.kwargs
         )
-        with disable_proxy_modes_tracing():  # as make_fx binds results: its mode off
+        # As make_fx binds results: its mode off, and below fn's own torch.func transforms,
+        # as make_fx's dispatch is: binding snapshots the value (a detach), which a level of
+        # fn's grad or jvp would wrap, leaving the node a value with no storage to read.
+        with disable_proxy_modes_tracing(), temporarily_clear_interpreter_stack():
             track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
         return proxy.node
 
