@@ -59,6 +59,7 @@ __all__ = [
     "stack_batched",
     "strided_copy",
     "transposed_copy",
+    "without_values",
 ]
 
 #: One sample: the positional arguments of the function under test, all tensors.
@@ -331,6 +332,20 @@ def assert_tree_close(
             equal_nan=equal_nan,
             msg=lambda m, position=position: f"{msg}: output leaf {position}: {m}",
         )
+
+
+def without_values(tree: Any) -> Any:
+    """``tree`` with each tensor's values dropped: an empty tensor of its dtype, and its shape.
+    What to compare of ops whose values are undefined (``empty`` and its kin: the memory's).
+
+    Example::
+
+        >>> without_values([torch.zeros(2, 3)])
+        [(tensor([]), (2, 3))]
+    """
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: (torch.empty(0, dtype=t.dtype), tuple(t.shape)), tree
+    )
 
 
 def assert_vmap_matches_per_sample(
