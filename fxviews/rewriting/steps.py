@@ -278,7 +278,8 @@ def _rewrite_steps(
     tuned = 0
     if steps.bind_calls:  # a graph only run (Note [Results that depend on no input] and
         # [Calling ops through their Python bindings]): constants first, then bindings of
-        # the aten overloads every step reads
+        # the aten overloads every step reads. Each is checked op by op against the graph
+        # before it (tests/test_opinfo_steps.py, which fails where a step here is not its own)
         tuned = fold_input_free_results(gm) + bind_calls(gm)
         bind_constants(gm)
     modified = modified or bool(guarded) or bool(tuned)
