@@ -9,7 +9,9 @@ in place, ``vjp`` with ``has_aux``, a neural tangent kernel's Jacobian row, a sp
 (``stft``), ``scaled_dot_product_attention``, ``linearize``, ``scatter_add_`` into a row.
 Every program runs under ``vmap`` with the batch dim physically at 0, 1 and last, and must equal the
 same program run eagerly one sample at a time (outputs, and inputs it mutates in place), on
-:data:`tests.reference.TEST_DEVICE` (``FXVIEWS_TEST_DEVICE``, CPU by default).
+:data:`tests.reference.TEST_DEVICE` (``FXVIEWS_TEST_DEVICE``, CPU by default): compiled with
+the backend here, and through ``transform`` at every batch dim, under ``grad`` and ``jvp``
+too, in ``tests/test_real_transforms.py``.
 """
 
 from __future__ import annotations
@@ -532,7 +534,6 @@ def _check(program: Program, run: Callable[..., Any], bd: int) -> None:
 
 
 BATCH_DIMS = [0, 1, -1]
-CASES = [pytest.param(p, bd, id=f"{p.name}-bd={bd}") for p in PROGRAMS for bd in BATCH_DIMS]
 
 
 def test_the_as_strided_case_is_traced_in_fake_mode_and_rewritten() -> None:
@@ -548,13 +549,6 @@ def test_every_program_traces_once_in_fake_mode(program: Program) -> None:
     """Forward AD through normalization layers included: no fake attempt fails first."""
     gm = fxviews.trace(program.fn, *program.sample(0))
     assert gm.meta[TRACED_WITH] == "fake mode"
-
-
-@pytest.mark.parametrize("program, bd", CASES)
-def test_transform_matches_eager_per_sample(program: Program, bd: int) -> None:
-    tf = fxviews.transform(program.fn, strict=True)
-    _check(program, vmap(tf, in_dims=_in_dims(program, bd)), bd)
-    assert tf.cache_info().eager == 0
 
 
 def _compiled(program: Program, bd: int, backend: str) -> Callable[..., Any]:

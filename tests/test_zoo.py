@@ -3,7 +3,7 @@
 The bench's zoo (:mod:`fxviews.bench.zoo`: torchvision's ResNet-18 and MobileNetV3-Small,
 timm's ViT-Tiny; random init, BatchNorm in eval mode) on small images: per-sample gradients
 through ``functional_call`` and ``jvp`` of each, under ``vmap`` with the images' batch dim
-physically at 0, 1 and last, must equal the same program run eagerly one sample at a time,
+physically at every position, must equal the same program run eagerly one sample at a time,
 with no eager fallback; and ``transform``'s first trace of each is recorded on a sample
 (Note [Recording a real trace]), not a fake-mode trace after a refused recording. Skipped where
 torchvision or timm is not installed (the extra ``fxviews[zoo]``) or does not import; failed
@@ -52,7 +52,7 @@ def test_transform_matches_eager_per_sample(name: str, kind: str) -> None:
     fn, samples = _program(name, kind)
     expected = per_sample_reference(fn, samples)
     tf = fxviews.transform(fn, strict=True)
-    for bd in (0, 1, -1):
+    for bd in range(samples[0][0].dim() + 1):  # every position of the image's batch dim
         # A label is one number per sample: its batch dim can only be 0.
         in_dims = (bd, 0) if kind == "grads" else (bd, bd)
         actual = torch.func.vmap(tf, in_dims=in_dims)(*stack_batched(samples, in_dims))
