@@ -31,9 +31,18 @@ from typing import Any
 import torch
 
 from fxviews.passes.compat.torch_internals import op_db, pytree
-from tests.reference import Sample, stable_seed
+from tests.reference import Sample, assert_tree_close, stable_seed, without_values
 
-__all__ = ["BATCH", "DTYPE", "OPS", "UNDEFINED_VALUES", "Program", "op_labels", "programs"]
+__all__ = [
+    "BATCH",
+    "DTYPE",
+    "OPS",
+    "UNDEFINED_VALUES",
+    "Outcome",
+    "Program",
+    "op_labels",
+    "programs",
+]
 
 DTYPE = torch.float32
 #: How many samples a program holds: the batch of its vmap checks.
@@ -73,6 +82,41 @@ class Program:
     def floating(self) -> tuple[bool, ...]:
         """Which arguments are floating point (those ``jvp`` gives a tangent)."""
         return tuple(t.is_floating_point() for t in self.samples[0])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call gave: its value, or the error it raised (its type and first line). Each
+    call starts from the same point of the random stream (random ops compare too)."""
+
+    value: Any = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, call: Callable[[], Any]) -> Outcome:
+        torch.manual_seed(0)
+        try:
+            return cls(value=call())
+        except Exception as err:  # noqa: BLE001 - any error PyTorch raises is an outcome
+            return cls(error=f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")
+
+    def matches(self, other: Outcome, values: bool = True, **tolerance: float) -> bool:
+        """Whether both gave values, equal up to ``tolerance`` (``assert_close``'s keywords;
+        NaN where NaN); with ``values=False``, of the same structure, shapes and dtypes (an
+        ``empty`` tensor's values are whatever its memory held)."""
+        if self.error is not None or other.error is not None:
+            return False
+        mine, theirs = self.value, other.value
+        if not values:
+            mine, theirs = without_values(mine), without_values(theirs)
+        try:
+            assert_tree_close(mine, theirs, equal_nan=True, **tolerance)  # type: ignore[arg-type]
+        except (AssertionError, TypeError, ValueError, RuntimeError):
+            return False
+        return True
+
+    def describe(self) -> str:
+        return self.error if self.error is not None else "other numbers"
 
 
 def programs(op: Any, limit: int) -> list[Program]:

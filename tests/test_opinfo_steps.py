@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -40,8 +39,8 @@ from fxviews.rewriting.steps import rewrite_in_place
 from fxviews.tracing.capture import capture
 from fxviews.tracing.failures import TracingError
 from tests.databases import in_share
-from tests.opinfo_programs import OPS, Program, op_labels, programs
-from tests.reference import assert_tree_close, stack_batched, without_values
+from tests.opinfo_programs import OPS, Outcome, Program, op_labels, programs
+from tests.reference import stack_batched
 
 #: ``make test`` takes one op in SHARE (``make fuzz`` every one).
 SHARE = 4
@@ -88,58 +87,34 @@ def _bound(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-@dataclass(frozen=True)
-class Raised:
-    """An error as an outcome: its type and first line."""
-
-    kind: str
-    line: str
-
-
-def _outcome(run: Callable[[Callable[..., Any]], Any], fn: Callable[..., Any]) -> Any:
-    """``run(fn)``'s value, or what it raised: the same random stream each time."""
-    torch.manual_seed(0)
-    try:
-        return run(fn)
-    except Exception as err:  # noqa: BLE001 - any error is an outcome to compare
-        return Raised(type(err).__name__, str(err).strip().splitlines()[0])
-
-
 def _differences(
     before: Callable[..., Any], after: Callable[..., Any], program: Program
 ) -> list[str]:
     """Where ``after`` gives other than ``before``: a sample, another, vmap at the last dim."""
-    clones = [tuple(t.clone() for t in sample) for sample in program.samples]
-    in_dims = tuple(t.dim() for t in clones[0])
+    samples = program.samples
+    in_dims = tuple(t.dim() for t in samples[0])
+
+    def fresh(index: int) -> tuple[torch.Tensor, ...]:  # a run may write its arguments
+        return tuple(t.clone() for t in samples[index])
+
     runs: dict[str, Callable[[Callable[..., Any]], Any]] = {
-        "traced sample": lambda f: f(*clones[0]),
-        "another sample": lambda f: f(*clones[1]),
+        "traced sample": lambda f: f(*fresh(0)),
+        "another sample": lambda f: f(*fresh(1)),
     }
-    if clones[0]:  # vmap needs an input to batch
+    if samples[0]:  # vmap needs an input to batch
         runs["vmap, batch dim last"] = lambda f: vmap(f, in_dims=in_dims)(
-            *stack_batched(clones, in_dims)
+            *stack_batched(samples, in_dims)
         )
     found = []
     for name, run in runs.items():
-        expected, actual = _outcome(run, before), _outcome(run, after)
-        if isinstance(expected, Raised) or isinstance(actual, Raised):
-            if actual != expected:
-                found.append(f"{name}: {actual} where the graph before gives {expected}")
-            continue
-        if not program.values_defined:  # empty's values: its memory's
-            expected, actual = without_values(expected), without_values(actual)
-        if not _same(actual, expected):
+        expected = Outcome.of(functools.partial(run, before))
+        actual = Outcome.of(functools.partial(run, after))
+        if expected.error is not None or actual.error is not None:
+            if actual.error != expected.error:
+                found.append(f"{name}: {actual.describe()} where before: {expected.describe()}")
+        elif not actual.matches(expected, program.values_defined, rtol=0, atol=0):
             found.append(f"{name}: other numbers than the graph before gives")
     return found
-
-
-def _same(actual: Any, expected: Any) -> bool:
-    """Whether two values are the same, bit for bit (NaN where NaN)."""
-    try:
-        assert_tree_close(actual, expected, rtol=0, atol=0, equal_nan=True)
-    except AssertionError:
-        return False
-    return True
 
 
 #: The steps after the rewrite, in ``transform``'s order: each is given the graph of the

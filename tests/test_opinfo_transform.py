@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -37,14 +36,8 @@ from torch.func import jvp, vmap
 
 import fxviews
 from tests.databases import in_share
-from tests.opinfo_programs import OPS, Program, op_labels, programs
-from tests.reference import (
-    assert_tree_close,
-    per_sample_reference,
-    stable_seed,
-    stack_batched,
-    without_values,
-)
+from tests.opinfo_programs import OPS, Outcome, Program, op_labels, programs
+from tests.reference import per_sample_reference, stable_seed, stack_batched
 
 #: ``make test`` takes one op in SHARE (``make fuzz`` every one).
 SHARE = 4
@@ -65,49 +58,6 @@ def _programs(label: str) -> list[Program]:
     return programs(OPS[label], SAMPLES_PER_OP)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a call gave: its value, or the error it raised (its first line)."""
-
-    value: Any = None
-    error: str | None = None
-
-    @classmethod
-    def of(cls, call: Callable[[], Any]) -> Outcome:
-        try:
-            return cls(value=call())
-        except Exception as err:  # noqa: BLE001 - any error PyTorch raises is an outcome
-            return cls(error=f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")
-
-    def matches(self, other: Outcome, values: bool = True) -> bool:
-        """Whether both gave values, equal up to :data:`TOLERANCE` (NaN where NaN); with
-        ``values=False``, of the same structure, shapes and dtypes (an ``empty`` tensor's
-        values are whatever its memory held)."""
-        if self.error is not None or other.error is not None:
-            return False
-        mine, theirs = self.value, other.value
-        if not values:
-            mine, theirs = without_values(mine), without_values(theirs)
-        try:
-            assert_tree_close(mine, theirs, equal_nan=True, **TOLERANCE)  # type: ignore[arg-type]
-        except (AssertionError, TypeError, ValueError, RuntimeError):
-            return False
-        return True
-
-    def describe(self) -> str:
-        return self.error if self.error is not None else "other numbers"
-
-
-def _seeded(call: Callable[[], Any]) -> Callable[[], Any]:
-    """``call`` from the same point of the random stream every time (random ops)."""
-
-    def seeded() -> Any:
-        torch.manual_seed(0)
-        return call()
-
-    return seeded
-
-
 def _clones(sample: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(t.clone() for t in sample)
 
@@ -122,13 +72,13 @@ def _direct(program: Program) -> list[str]:
             args = _clones(sample)
             return fn(*args), args
 
-        return _seeded(call)
+        return call
 
     expected = Outcome.of(run(program.fn))
     if expected.error is not None:
         return []  # eager refuses the sample: nothing to compare
     actual = Outcome.of(run(fxviews.transform(program.fn)))
-    if actual.matches(expected, program.values_defined):
+    if actual.matches(expected, program.values_defined, **TOLERANCE):
         return []
     return [f"direct: {actual.describe()}"]
 
@@ -153,14 +103,14 @@ def _under_vmap(program: Program, where: str) -> list[str]:
 
     def batched(fn: Callable[..., Any]) -> Outcome:
         args = stack_batched(samples, in_dims)
-        return Outcome.of(_seeded(lambda: vmap(fn, in_dims=in_dims)(*args)))
+        return Outcome.of(lambda: vmap(fn, in_dims=in_dims)(*args))
 
     actual = batched(fxviews.transform(program.fn))
-    if actual.matches(loop, defined):
+    if actual.matches(loop, defined, **TOLERANCE):
         return []
     eager = batched(program.fn)
-    if not eager.matches(loop, defined) and (
-        actual.error is not None or actual.matches(eager, defined)
+    if not eager.matches(loop, defined, **TOLERANCE) and (
+        actual.error is not None or actual.matches(eager, defined, **TOLERANCE)
     ):
         return []  # eager vmap fails too, and fxviews fails as it does
     return [f"vmap, batch dim {where}: {actual.describe()} (eager vmap: right)"]
@@ -182,12 +132,12 @@ def _under_jvp(program: Program) -> list[str]:
 
         return partial
 
-    expected = Outcome.of(_seeded(lambda: jvp(of_floating(program.fn), primals, tangents)))
+    expected = Outcome.of(lambda: jvp(of_floating(program.fn), primals, tangents))
     if expected.error is not None:
         return []  # eager refuses: no forward AD for this sample
     transformed = fxviews.transform(of_floating(program.fn))
-    actual = Outcome.of(_seeded(lambda: jvp(transformed, primals, tangents)))
-    if actual.matches(expected, program.values_defined):
+    actual = Outcome.of(lambda: jvp(transformed, primals, tangents))
+    if actual.matches(expected, program.values_defined, **TOLERANCE):
         return []
     return [f"jvp: {actual.describe()}"]
 
