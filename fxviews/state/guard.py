@@ -287,8 +287,10 @@ class StateGuard:
         """Which part of the state differs now, for logs (empty if none)."""
         if not self.process.check():
             return f"process state ({self.process.reason()})"
-        reads = [(self.read, self.modules, self.trainings)]
-        reads.append((read_training_and_swaps, self.holders, self.holder_counts))
+        reads: list[tuple[Callable[[torch.nn.Module], Any], tuple[Any, ...], tuple[Any, ...]]] = [
+            (self.read, self.modules, self.trainings),
+            (read_training_and_swaps, self.holders, self.holder_counts),
+        ]
         changed = [
             f"{type(m).__name__}'s {'training flag' if m.training != was[0] else 'parameters'}"
             for read, modules, counts in reads

@@ -308,7 +308,12 @@ def _random_streams(
 
 #: Iterators over built-in sequences: their position is ``__reduce__()[2]`` and
 #: ``__setstate__`` sets it back.
-_SEEKABLE = tuple({type(iter(empty)) for empty in ([], (), range(0), "")})
+_SEEKABLE: tuple[type, ...] = (
+    type(iter([])),
+    type(iter(())),
+    type(iter(range(0))),
+    type(iter("")),
+)
 
 
 def _seekable(obj: Any) -> bool:
@@ -375,11 +380,16 @@ def _items(container: Any) -> list[Any]:
     ``__iter__`` or ``items`` to raise or lie (e3nn's ``Irreps``, a tuple whose ``len()`` may
     raise), and what it holds is what the built-in type stores.
     """
-    for base in (dict, list, tuple, set, collections.deque):
-        if isinstance(container, base):
-            if base is dict:
-                return list(dict.items(container))
-            return list(base.__iter__(container))  # type: ignore[attr-defined]
+    if isinstance(container, dict):
+        return list(dict.items(container))
+    if isinstance(container, list):
+        return list(list.__iter__(container))
+    if isinstance(container, tuple):
+        return list(tuple.__iter__(container))
+    if isinstance(container, set):
+        return list(set.__iter__(container))
+    if isinstance(container, collections.deque):
+        return list(collections.deque.__iter__(container))
     return list(container)
 
 

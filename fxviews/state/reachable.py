@@ -43,9 +43,11 @@ def reachable_objects(fn: Callable[..., Any]) -> Iterator[Any]:
             continue
         if isinstance(obj, functools.partial):
             pending += [obj.func, *obj.args, *obj.keywords.values()]
-        elif isinstance(obj, (list, tuple)):
+        elif isinstance(obj, list):
             # The built-in type's own iteration: a subclass's may raise or lie (e3nn's Irreps).
-            pending += (list if isinstance(obj, list) else tuple).__iter__(obj)
+            pending += list.__iter__(obj)
+        elif isinstance(obj, tuple):
+            pending += tuple.__iter__(obj)
         elif isinstance(obj, dict):
             pending += dict.values(obj)
         elif isinstance(obj, types.MethodType):
