@@ -29,6 +29,7 @@ TESTS=(
     tests/test_pass_differential.py
     tests/test_opinfo_views.py
     tests/test_transform.py
+    tests/test_modes_inside_fn.py
     tests/test_real_programs.py
     tests/test_kept_nodes.py
     tests/test_guards_and_state.py

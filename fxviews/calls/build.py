@@ -49,6 +49,7 @@ from fxviews.calls.graph_code import run_only_forward
 from fxviews.calls.keys import Offsets, hot_check, offsets_of
 from fxviews.calls.rebuilding import Rebuilder, output_rebuilder
 from fxviews.passes.compat.torch_internals import (
+    any_autocast_enabled,
     disable_current_modes,
     is_functorch_wrapped_tensor,
     pytree,
@@ -71,6 +72,7 @@ from fxviews.tracing.autograd import restoring_grad_mode
 from fxviews.tracing.capture import capture
 from fxviews.tracing.failures import EAGER_CAUSES, TracingError, definition_line, function_name
 from fxviews.tracing.lock import tracing_lock
+from fxviews.tracing.modes import autocast_free, autocast_off
 from fxviews.tracing.recording import reads_values_into_shape
 from fxviews.tracing.samples import is_batched
 from fxviews.tracing.scalar_values import keep_item_values_as_tensors
@@ -336,7 +338,10 @@ class EntryBuilder:
             layout_bound = layout_bound_constants(gm)
             if keep_item_values_as_tensors(gm):  # batchable under vmap, as the graph runs
                 gm.recompile()
-            result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)
+            # The graph holds autocast's casts (Note [Modes inside fn]): what the rewrite
+            # computes once, it computes as the graph runs, with autocast off.
+            with autocast_off():
+                result = rewrite_in_place(gm, strict=self.strict, bind_calls=True, fx_code=False)
         # Made in the caller's dispatch state, which the C++ check compares dispatch keys under.
         slot_kind = hot_check(slot_values, slot_offsets) if slot_values else None
         report_rewrite(result, source=f"transform({name})")
@@ -344,6 +349,8 @@ class EntryBuilder:
         # would (Note [What autograd sees is part of the trace]).
         graph_module = result.graph_module
         forward = restoring_grad_mode(run_only_forward(graph_module), graph_module.graph)
+        if any_autocast_enabled():  # the caller's autocast must not cast the graph's ops again
+            forward = autocast_free(forward)
         if _has_dynamic_output_shape(graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         rebuild = output_rebuilder(out_info["spec"], out_info["from_graph"], out_info["constants"])

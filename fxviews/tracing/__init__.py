@@ -15,6 +15,8 @@ one graph. Note [One tracing path] in :mod:`.capture` is the map; each module is
   values kept as tensors);
 - :mod:`.autograd`: what autograd sees is part of the trace (grad-mode regions and custom
   Functions kept, the rest refused);
+- :mod:`.modes`: modes ``fn`` enters inside its body (autocast kept as its casts, the default
+  dtype and process settings ops read as they run checked at each op);
 - :mod:`.trace_guard`: what a trace writes outside its own tensors is undone, values it must
   not bake in refused; :mod:`.torch_state`: PyTorch's thread state put back after a trace;
 - :mod:`.samples`: the tensors a trace runs on, from the layout a call brings;

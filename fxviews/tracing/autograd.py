@@ -114,6 +114,13 @@ from fxviews.passes.compat.torch_internals import (
 )
 from fxviews.passes.schema import AUTOGRAD_KEPT
 from fxviews.passes.source_lines import calling_user_line
+from fxviews.tracing.modes import (
+    AutocastState,
+    ModeChange,
+    ModeWatch,
+    autocast_state,
+    under_autocast,
+)
 
 __all__ = [
     "AutogradCalls",
@@ -122,6 +129,7 @@ __all__ = [
     "HOOK",
     "keeping_functions",
     "KeptFunction",
+    "ModeNotKept",
     "NotKept",
     "original_apply",
     "requiring_grad_like",
@@ -148,6 +156,11 @@ class NotKept(RuntimeError):
 class HooksNotKept(NotKept):
     """A module call that runs Python hooks besides ``forward`` (Note [The state a graph bakes
     in], item 6): the function runs eagerly while the module has them."""
+
+
+class ModeNotKept(NotKept):
+    """An op run under a mode ``fn`` set, which a graph would run under the caller's (Note
+    [Modes inside fn]): the function runs eagerly for this signature."""
 
 
 class ValueReadInFunction(RuntimeError):
@@ -180,18 +193,24 @@ class KeptFunction:
 
     Example::
 
-        >>> KeptFunction(GradientReversal)(x, 0.5)   # GradientReversal.apply(x, 0.5)
+        >>> KeptFunction(GradientReversal, autocast_state())(x, 0.5)  # GradientReversal.apply
     """
 
-    def __init__(self, cls: type[torch.autograd.Function]) -> None:
+    def __init__(self, cls: type[torch.autograd.Function], autocast: AutocastState) -> None:
         self.cls = cls
+        # The autocast state it was called in: its apply reads it (custom_fwd), and the graph
+        # runs with autocast off (Note [Modes inside fn], item 1).
+        self.autocast = autocast if autocast[0] else None
         self.__name__ = f"{cls.__name__}_apply"  # the node's name, and the code's
         self.__qualname__ = self.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Through the class attribute: traced again (a transformed function inside another's
         # trace), the call is kept again.
-        return self.cls.apply(*args, **kwargs)
+        if self.autocast is None:
+            return self.cls.apply(*args, **kwargs)
+        with under_autocast(self.autocast):
+            return self.cls.apply(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"{self.cls.__module__}.{self.cls.__qualname__}.apply"
@@ -286,6 +305,7 @@ class AutogradWatch:
         self.call_grad = torch.is_grad_enabled()
         self.grad = self.call_grad  # the grad mode the graph is in, after its last node
         self.others = _other_state()
+        self.modes = ModeWatch()  # Note [Modes inside fn]
         # The backward node the call itself runs in (a reentrant checkpoint recomputes its
         # function inside the engine): the caller's, as its grad mode is, not one fn started.
         self.call_node = current_autograd_node()
@@ -322,6 +342,9 @@ class AutogradWatch:
                 out = call(*args)
                 if torch.is_grad_enabled() != self.call_grad:
                     self.refuse("torch.set_grad_enabled", "fn returns with grad mode changed")
+                change = self.modes.at_return()
+                if change is not None:
+                    self.refuse_mode(change)
             self._check_made()
         except Exception as err:
             # A refusal stands whatever fn made of it (caught it, raised another error).
@@ -363,6 +386,12 @@ class AutogradWatch:
             self.refusal = HooksNotKept(construct, HOOK, calling_user_line())
         raise self.refusal
 
+    def refuse_mode(self, change: ModeChange) -> NoReturn:
+        """Raise (and remember) a :class:`ModeNotKept` for ``change``."""
+        if self.refusal is None:
+            self.refusal = ModeNotKept(change.construct, change.why, calling_user_line())
+        raise self.refusal
+
     def refuse_value_read(self) -> NoReturn:
         """Raise (and remember) a :class:`ValueReadInFunction`: the op running now, in a kept
         Function's ``forward``, computed a number or a size from tensor values."""
@@ -382,6 +411,9 @@ class AutogradWatch:
         others = _other_state()
         if others != self.others:
             self._refuse_state(func, others)
+        change = self.modes.before_op(func)
+        if change is not None:
+            self.refuse_mode(change)
         node = current_autograd_node()
         if node is None or node is self.call_node:
             return
@@ -426,10 +458,15 @@ class AutogradWatch:
             "backward computes from; a graph saves what autograd saves for its own ops",
         )
 
-    def made_by_op(self, func: Any, args: Sequence[Any], out: Any) -> None:
+    def made_by_op(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         """Remember the tensors an op made, for the check when ``fn`` returns, and those
         autograd detached to save them: a ``detach`` no ``detach()`` of ``fn`` asked for, of
-        a tensor that requires grad (one that does not has no gradient to stop)."""
+        a tensor that requires grad (one that does not has no gradient to stop). Refuses an
+        op whose result the default dtype decided, where ``fn`` changed it (Note [Modes inside
+        fn])."""
+        change = self.modes.after_op(func, args, kwargs, out)
+        if change is not None:
+            self.refuse_mode(change)
         if isinstance(out, torch.Tensor):
             self.made.append(out)
             if func is _DETACH and not self.user_detach and args[0].requires_grad:
@@ -491,7 +528,7 @@ class AutogradWatch:
         results = out if isinstance(out, tuple) else (out,)
         if any(r is not None and not isinstance(r, torch.Tensor) for r in results):
             self.refuse(name, "it returns a value other than tensors, which would be baked in")
-        self.writer.record_call(KeptFunction(cls), args, kwargs, out)
+        self.writer.record_call(KeptFunction(cls, autocast_state()), args, kwargs, out)
         tensors = [r for r in results if isinstance(r, torch.Tensor)]
         self.made += tensors
         self.kept_results.update(map(id, tensors))
@@ -588,9 +625,10 @@ class _AutogradOps(TorchDispatchMode):
             if _holds_traced_numbers(out):
                 watch.refuse_value_read()
             return out
+        kwargs = kwargs or {}
         watch.before_op(func, args)
-        out = func(*args, **(kwargs or {}))
-        watch.made_by_op(func, args, out)
+        out = func(*args, **kwargs)
+        watch.made_by_op(func, args, kwargs, out)
         return out
 
 

@@ -8,7 +8,7 @@ from fxviews.passes.compat.torch_internals import (
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.random_state import RandomStateFromPython
 from fxviews.passes.source_lines import internal_frame
-from fxviews.tracing.autograd import HooksNotKept, NotKept, ValueReadInFunction
+from fxviews.tracing.autograd import HooksNotKept, ModeNotKept, NotKept, ValueReadInFunction
 from fxviews.tracing.failures import (
     Failure,
     TracingError,
@@ -119,6 +119,11 @@ def autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
             f"{caller} does not trace {name}: it runs {err}. It runs eagerly while the module "
             f"has them, and is traced again once they are removed.",
             "module hooks",
+        )
+    if isinstance(err, ModeNotKept):
+        return TracingError(
+            f"{caller} does not trace {name}: it runs an op with {err}.",
+            "mode",
         )
     return TracingError(
         f"{caller} could not trace {name}: it uses {err}. A graph of its aten ops would give "

@@ -28,8 +28,9 @@ memory (below).
 Only where the decomposition is all a recording would miss:
 
 * no ``torch.func`` transform is active inside the function (its layers act on the
-  decomposition's ops, and their effects are recorded op by op), and no forward-AD level
-  (tangents are computed op by op below the call);
+  decomposition's ops, and their effects are recorded op by op), no forward-AD level
+  (tangents are computed op by op below the call), and autocast is off (the casts it inserts
+  are recorded op by op: Note [Modes inside fn]);
 * the recorder is recording (not inside a call it keeps as one node already, such as a custom
   ``autograd.Function``'s forward);
 * every tensor argument is a plain tensor (not a subclass);
@@ -57,6 +58,7 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
 from torch.overrides import TorchFunctionMode
 
 from fxviews.passes.compat.torch_internals import (
+    any_autocast_enabled,
     disable_current_modes,
     no_torch_function,
     op_schema,
@@ -133,6 +135,8 @@ class CompositeCalls(TorchFunctionMode):
 def _keepable(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     if peek_interpreter_stack() is not None or python_dual_level() >= 0:
         return False
+    if any_autocast_enabled():
+        return False  # its casts are recorded op by op (Note [Modes inside fn], item 1)
     if not set(kwargs) <= {argument.name for argument in op_schema(op).arguments}:
         return False  # spelled otherwise than the op's schema: the node could not be called
     tensors = [

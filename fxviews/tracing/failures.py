@@ -330,6 +330,7 @@ EAGER_CAUSES = frozenset(
         "closure over a transformed tensor",
         "autograd",
         "module hooks",
+        "mode",
         "lazy conjugate",
         "rebinds Python state",
         "random state",

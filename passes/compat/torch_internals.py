@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import types
@@ -492,6 +493,51 @@ def current_autograd_node() -> Any:
     return torch._C._current_autograd_node()
 
 
+# Autocast off on every device for a block, restored after it (an ExcludeDispatchKeyGuard over
+# the autocast keys): a graph holding autocast's casts runs under it, as AOTAutograd runs its
+# compiled graphs (Note [Modes inside fn]). _DisableAutocast, 1.10.
+disable_autocast = torch._C._DisableAutocast
+# Whether autocast is on for any device (_is_any_autocast_enabled, 2.4): one C call where
+# reading each device's state costs ~1 us.
+any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+#: The process settings ops read when they run, besides the default dtype and autocast, by
+#: the name a user sets them with, each read by its C getter (the ``torch.backends`` properties
+#: cost ~0.5 us a read, and a trace reads them all at every op: Note [Modes inside fn]). The
+#: float32 precisions are read per backend and op (_get_fp32_precision_getter, 2.9): the older
+#: getters (allow_tf32, float32_matmul_precision) raise where those were set apart.
+PROCESS_SETTINGS: dict[str, Callable[[], Any]] = {
+    "torch.use_deterministic_algorithms": torch._C._get_deterministic_algorithms,
+    "torch.use_deterministic_algorithms(warn_only=)": (
+        torch._C._get_deterministic_algorithms_warn_only
+    ),
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+        torch._C._get_cublas_allow_fp16_reduced_precision_reduction
+    ),
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+        torch._C._get_cublas_allow_bf16_reduced_precision_reduction
+    ),
+    "torch.backends.cudnn.enabled": torch._C._get_cudnn_enabled,
+    "torch.backends.cudnn.deterministic": torch._C._get_cudnn_deterministic,
+    "torch.backends.mkldnn.enabled": torch._C._get_mkldnn_enabled,
+    **{
+        f"{spelled}.fp32_precision (torch.set_float32_matmul_precision, allow_tf32)": (
+            functools.partial(torch._C._get_fp32_precision_getter, backend, op)
+        )
+        for spelled, backend, op in (
+            ("torch.backends", "generic", "all"),
+            ("torch.backends.cuda", "cuda", "all"),
+            ("torch.backends.cuda.matmul", "cuda", "matmul"),
+            ("torch.backends.cudnn.conv", "cuda", "conv"),
+            ("torch.backends.cudnn.rnn", "cuda", "rnn"),
+            ("torch.backends.mkldnn", "mkldnn", "all"),
+            ("torch.backends.mkldnn.matmul", "mkldnn", "matmul"),
+            ("torch.backends.mkldnn.conv", "mkldnn", "conv"),
+            ("torch.backends.mkldnn.rnn", "mkldnn", "rnn"),
+        )
+    },
+}
+
 # Autograd above the dispatcher, which a trace below it must see (fxviews/tracing/autograd.py).
 # The grad-mode switch pre-dispatch IR records as a node (torch._C._set_grad_enabled, 1.x).
 set_grad_enabled = torch._C._set_grad_enabled
@@ -871,6 +917,9 @@ BOUND_NAMES = (
     "current_autograd_node",
     "calling_code",
     "set_grad_enabled",
+    "disable_autocast",
+    "any_autocast_enabled",
+    "PROCESS_SETTINGS",
     "wrap_with_set_grad_enabled",
     "BackwardCFunction",
     "BackwardHookFunction",

@@ -37,6 +37,7 @@ from fxviews.consumers.compile.dynamo_stage import (
 )
 from fxviews.consumers.compile.graph_splits import split_before
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
+from fxviews.consumers.compile.mode_regions import ModeRegions
 from fxviews.consumers.compile.output_layouts import pin_output_layouts
 from fxviews.consumers.compile.storage_bounds import with_storage_checks
 from fxviews.passes.compat.torch_internals import CompileContext, dynamo_signals, is_boxed_call
@@ -307,8 +308,10 @@ def _lowered(
     lowering = _Lowering()
     token = _CURRENT_LOWERING.set(lowering)
     try:
-        with unfold_backward_traced_per_sample():
-            return compile_fn(gm, example_inputs)
+        with unfold_backward_traced_per_sample(), ModeRegions() as regions:
+            compiled = compile_fn(gm, example_inputs)
+        hazard = regions.hazard()  # Note [Modes set inside a compiled function]
+        return compiled if hazard is None else _run_dynamo_graph(gm, name, strict, hazard)
     except RuntimeError as err:
         if strict or lowering.reached_engine or isinstance(err, (FxViewsError, *dynamo_signals())):
             raise  # a restart or graph break Dynamo asks for is Dynamo's to handle
@@ -327,7 +330,8 @@ def _lowered(
 
 def _run_dynamo_graph(gm: GraphModule, name: str, strict: bool, hazard: str) -> CompiledFn:
     """Dynamo's graph run as Python, for a graph AOTAutograd would give other numbers than
-    eager (Note [In-place writes AOTAutograd gets wrong]); ``strict=True`` raises instead."""
+    eager (Notes [In-place writes AOTAutograd gets wrong] and [Modes set inside a compiled
+    function]); ``strict=True`` raises instead."""
     if strict:
         raise FxViewsError(f"backend={name!r} cannot lower this graph to eager's numbers: {hazard}")
     logger.warning(

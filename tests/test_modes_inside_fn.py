@@ -1,0 +1,273 @@
+"""Modes a function enters inside its body, against eager (Note [Modes inside fn] in
+``fxviews/tracing/modes.py``).
+
+Autocast regions (nested, another dtype inside, ``enabled=False`` inside, mixed with
+``no_grad``, around composite calls and a ``custom_fwd`` Function) are in the graph as the casts
+eager makes, called directly, under the caller's own autocast, under ``vmap``, ``grad`` and
+``jvp``, and through the backend; a default dtype or a process setting changed inside ``fn``
+is kept where no op reads it and refused (eager, with the construct and line named) where one
+does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
+from torch.func import grad, jvp, vmap
+
+import fxviews
+from tests.reference import TEST_DEVICE, assert_tree_close, randn
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+#: Autocast on the test device (tests/on_device.sh runs this file on CUDA), its usual dtype there
+#: and another one for a region nested in it.
+DEVICE = TEST_DEVICE.type
+AMP, INNER = (
+    (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.bfloat16, torch.float16)
+)
+torch.manual_seed(0)
+W = randn(5, 4)
+B = randn(5)
+
+
+class Doubled(torch.autograd.Function):
+    """A Function whose forward autocast casts (``custom_fwd``), as mixed-precision kernels are."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=DEVICE, cast_inputs=AMP)
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        return a * 2
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=DEVICE)
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def bf16_region(x):
+    with torch.autocast(DEVICE, dtype=AMP):
+        return x @ W.t()
+
+
+def disabled_inside(x):
+    with torch.autocast(DEVICE, dtype=AMP):
+        y = x @ W.t()
+        with torch.autocast(DEVICE, enabled=False):
+            z = y.float() @ W
+    return y.float().sum(-1) + z.sum(-1)
+
+
+def other_dtype_inside(x):
+    with torch.autocast(DEVICE, dtype=AMP):
+        y = F.linear(x, W, B)
+        with torch.autocast(DEVICE, dtype=INNER):
+            z = y.float() @ W
+    return y, z
+
+
+def with_no_grad(x):
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=AMP):
+        a = x @ W.t()
+    with torch.autocast(DEVICE, dtype=AMP):
+        b = torch.matmul(x, W.t()) * a
+    return b.float() * x.sum()
+
+
+def custom_fwd_inside(x):
+    with torch.autocast(DEVICE, dtype=AMP):
+        return Doubled.apply(x) @ W.t()
+
+
+def composite_calls(x):
+    with torch.autocast(DEVICE, dtype=AMP):
+        return F.linear(torch.tanh(x), W, B), torch.matmul(x, W.t())
+
+
+AUTOCAST = [
+    bf16_region,
+    disabled_inside,
+    other_dtype_inside,
+    with_no_grad,
+    custom_fwd_inside,
+    composite_calls,
+]
+
+
+def _float_sum(fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
+    """``fn``'s outputs summed in float32: a scalar to differentiate."""
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        out = fn(x)
+        leaves = out if isinstance(out, tuple) else (out,)
+        return sum(leaf.float().sum() for leaf in leaves)
+
+    return total
+
+
+@contextlib.contextmanager
+def _caller_autocast(on: bool) -> Iterator[None]:
+    with torch.autocast(DEVICE, dtype=AMP, enabled=on):
+        yield
+
+
+def assert_as_eager(run: Callable[[], Any], eager: Callable[[], Any], **tolerances: Any) -> None:
+    """``run()`` returns what ``eager()`` returns, or raises the exception type it raises."""
+    try:
+        expected = eager()
+    except Exception as err:  # noqa: BLE001 - eager's own refusal, which transform must repeat
+        with pytest.raises(type(err)):
+            run()
+        return
+    assert_tree_close(run(), expected, **tolerances)
+
+
+def _per_sample(fn: Callable[..., Any], samples: list[torch.Tensor]) -> Any:
+    outputs = [fn(sample) for sample in samples]
+    return outputs if isinstance(outputs[0], tuple) else [(out,) for out in outputs]
+
+
+@pytest.mark.parametrize("caller_autocast", [False, True], ids=["plain_caller", "caller_autocast"])
+@pytest.mark.parametrize("fn", AUTOCAST, ids=lambda f: f.__name__)
+def test_autocast_regions_are_eagers(fn, caller_autocast):
+    tf = fxviews.transform(fn, strict=True)
+    x = randn(3, 4)
+    samples = [randn(3, 4) for _ in range(2)]
+    batch = torch.stack(samples, dim=1)  # the batch dim at 1
+    with _caller_autocast(caller_autocast):
+        for _ in range(2):  # the trace's call, then the cached graph's
+            assert_tree_close(tf(x), fn(x))
+        # Against the loop over samples: eager vmap of F.linear with a bias returns float32
+        # under autocast (its batching rule adds the float32 bias to the bfloat16 product,
+        # where a sample's call casts it, as the graph does).
+        try:
+            batched = vmap(tf, in_dims=1)(batch)
+            eager_loop = _per_sample(fn, samples)
+            batched = batched if isinstance(batched, tuple) else (batched,)
+        except RuntimeError:  # the Function has no vmap rule: eager's refusal too
+            with pytest.raises(RuntimeError):
+                vmap(fn, in_dims=1)(batch)
+            eager_loop = None
+    for position, leaf in enumerate(batched if eager_loop else ()):
+        # A batched product rounds as the samples' do, to half precision's last bit.
+        expected = torch.stack([outs[position] for outs in eager_loop])
+        torch.testing.assert_close(leaf, expected, rtol=3e-2, atol=1e-2)
+    assert_as_eager(lambda: grad(_float_sum(tf))(x), lambda: grad(_float_sum(fn))(x))
+    tangent = randn(3, 4)
+    assert_as_eager(lambda: jvp(tf, (x,), (tangent,)), lambda: jvp(fn, (x,), (tangent,)))
+    assert tf.cache_info().eager == 0
+
+
+@pytest.mark.parametrize("fn", AUTOCAST, ids=lambda f: f.__name__)
+def test_autocast_regions_through_the_backend(fn):
+    x = randn(3, 4)
+    assert_tree_close(torch.compile(fn, backend="fxviews")(x), fn(x))
+
+
+def test_an_enabled_false_region_is_not_cast_by_the_callers_autocast():
+    """The graph holds the casts, so it runs with the caller's autocast off: the region fn
+    turned autocast off in stays float32 (cast by the caller's autocast, it was bfloat16)."""
+
+    def region(x):
+        with torch.autocast(DEVICE, enabled=False):
+            return x @ W.t()
+
+    tf = fxviews.transform(region)
+    with torch.autocast(DEVICE, dtype=AMP):
+        tf(randn(3, 4))
+        assert tf(randn(3, 4)).dtype == torch.float32
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def dtype_sets_a_factory(x):
+    with _default_dtype(torch.float64):
+        return x + torch.ones(4, device=x.device)
+
+
+def dtype_promotes_a_python_float(x):
+    with _default_dtype(torch.float64):
+        return torch.arange(4, device=x.device) * 0.5 + x
+
+
+def dtype_reads_nothing(x):
+    with _default_dtype(torch.float64):
+        return (x @ x.t()).sum() * x
+
+
+def deterministic_inside(x):
+    torch.use_deterministic_algorithms(True)
+    try:
+        return x.index_add(0, torch.tensor([0, 2, 0], device=x.device), x)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    ("fn", "traced"),
+    [
+        (dtype_sets_a_factory, False),
+        (dtype_promotes_a_python_float, False),
+        (dtype_reads_nothing, True),
+        (deterministic_inside, False),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_settings_changed_inside_fn(fn, traced, caplog):
+    tf = fxviews.transform(fn)
+    x = randn(3, 4)
+    with caplog.at_level(logging.WARNING, logger="fxviews"):
+        for _ in range(2):
+            assert_tree_close(tf(x), fn(x))
+    batch = randn(2, 3, 4)
+    assert_tree_close(vmap(tf)(batch), vmap(fn)(batch))
+    assert tf.cache_info().eager == (0 if traced else 1)
+    if not traced:
+        (message,) = {r.getMessage() for r in caplog.records}
+        assert "changed to" in message and "test_modes_inside_fn.py" in message
+        with pytest.raises(fxviews.TracingError) as err:
+            fxviews.transform(fn, strict=True)(x)
+        assert err.value.cause == "mode"
+    assert torch.get_default_dtype() == torch.float32
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.parametrize(
+    "fn", [dtype_sets_a_factory, dtype_promotes_a_python_float, deterministic_inside]
+)
+def test_settings_changed_inside_fn_through_the_backend(fn):
+    x = randn(3, 4)
+    assert_tree_close(torch.compile(fn, backend="fxviews")(x), fn(x))
+
+
+def test_a_default_dtype_fn_leaves_set_is_refused_then_traced_in_it():
+    """The graph would not set it: the call that sets it runs eagerly, the next (in the state it
+    left) is traced."""
+
+    def sets(x):
+        torch.set_default_dtype(torch.float64)
+        return x * 2
+
+    tf = fxviews.transform(sets)
+    try:
+        x = randn(3)
+        tf(x)
+        assert torch.get_default_dtype() == torch.float64
+        torch.testing.assert_close(tf(x), x * 2)
+        assert tf.cache_info().eager == 1 and tf.cache_info().currsize == 2
+    finally:
+        torch.set_default_dtype(torch.float32)
