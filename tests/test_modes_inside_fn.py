@@ -22,6 +22,7 @@ import torch.nn.functional as F  # noqa: N812 - PyTorch's own convention
 from torch.func import grad, jvp, vmap
 
 import fxviews
+from tests.parity import assert_as_eager, float_total
 from tests.reference import TEST_DEVICE, assert_tree_close, randn
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -100,32 +101,10 @@ AUTOCAST = [
 ]
 
 
-def _float_sum(fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
-    """``fn``'s outputs summed in float32: a scalar to differentiate."""
-
-    def total(x: torch.Tensor) -> torch.Tensor:
-        out = fn(x)
-        leaves = out if isinstance(out, tuple) else (out,)
-        return sum(leaf.float().sum() for leaf in leaves)
-
-    return total
-
-
 @contextlib.contextmanager
 def _caller_autocast(on: bool) -> Iterator[None]:
     with torch.autocast(DEVICE, dtype=AMP, enabled=on):
         yield
-
-
-def assert_as_eager(run: Callable[[], Any], eager: Callable[[], Any], **tolerances: Any) -> None:
-    """``run()`` returns what ``eager()`` returns, or raises the exception type it raises."""
-    try:
-        expected = eager()
-    except Exception as err:  # noqa: BLE001 - eager's own refusal, which transform must repeat
-        with pytest.raises(type(err)):
-            run()
-        return
-    assert_tree_close(run(), expected, **tolerances)
 
 
 def _per_sample(fn: Callable[..., Any], samples: list[torch.Tensor]) -> Any:
@@ -158,7 +137,7 @@ def test_autocast_regions_are_eagers(fn, caller_autocast):
         # A batched product rounds as the samples' do, to half precision's last bit.
         expected = torch.stack([outs[position] for outs in eager_loop])
         torch.testing.assert_close(leaf, expected, rtol=3e-2, atol=1e-2)
-    assert_as_eager(lambda: grad(_float_sum(tf))(x), lambda: grad(_float_sum(fn))(x))
+    assert_as_eager(lambda: grad(float_total(tf))(x), lambda: grad(float_total(fn))(x))
     tangent = randn(3, 4)
     assert_as_eager(lambda: jvp(tf, (x,), (tangent,)), lambda: jvp(fn, (x,), (tangent,)))
     assert tf.cache_info().eager == 0

@@ -47,7 +47,13 @@ import torch
 
 from fxviews.calls.graph_code import run_only_forward
 from fxviews.calls.keys import Offsets, hot_check, offsets_of
-from fxviews.calls.rebuilding import Rebuilder, output_rebuilder
+from fxviews.calls.rebuilding import (
+    GRAPH_OUTPUT_TYPES,
+    Rebuilder,
+    Result,
+    flatten_result,
+    output_rebuilder,
+)
 from fxviews.passes.compat.torch_internals import (
     any_autocast_enabled,
     disable_current_modes,
@@ -64,6 +70,7 @@ from fxviews.state.layouts import layout_bound_constants, offset_bound_inputs
 from fxviews.state.module_slots import NO_SLOTS, ModuleSlots
 from fxviews.state.python_state import ArgumentContainers, Rebinding, why_refused
 from fxviews.state.reachable import (
+    held_by,
     reachable_generators,
     reachable_objects,
     uninitialized_lazy_modules,
@@ -257,7 +264,7 @@ class EntryBuilder:
         in_arguments: set[str] = set()
         if not changed:  # an iterator's item, once taken, cannot be put back: no trace
             try:
-                traced = self._trace(spec, leaves, slots, generators, in_arguments)
+                traced = self._trace(spec, leaves, slots, reached, generators, in_arguments)
             except TracingError:
                 rebinding.undo()
                 raise
@@ -279,14 +286,16 @@ class EntryBuilder:
         spec: pytree.TreeSpec,
         leaves: list[Any],
         slots: ModuleSlots,
+        reached: list[Any],
         generators: list[torch.Generator],
         changed_arguments: set[str],
     ) -> _TracedGraph:
         """Trace and rewrite ``fn``'s graph for this signature, taking the call's tensors and
         then what ``slots`` hold (Note [Parameters are read when the graph runs]);
-        ``generators``: those of the call's ``leaves`` and those ``fn`` reaches (Note [Which
-        generators to fork]); what a run of ``fn`` changes in its arguments goes to
-        ``changed_arguments``."""
+        ``reached``: the objects ``fn`` reaches (its result may hand them out: Note [What fn
+        returns]); ``generators``: those of the call's ``leaves`` and those ``fn`` reaches
+        (Note [Which generators to fork]); what a run of ``fn`` changes in its arguments goes
+        to ``changed_arguments``."""
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         count = len(positions)
         held = [slots]  # the slots the graph reads: all while tracing, then those it reads
@@ -294,6 +303,10 @@ class EntryBuilder:
         # and must not keep this call's tensors alive.
         template = [None if i in positions else leaf for i, leaf in enumerate(leaves)]
         out_info: dict[str, Any] = {}
+        before = {id(obj) for obj in (*reached, *held_by(reached), *template)}
+
+        def known(obj: Any) -> bool:  # an object fn reached before the call
+            return id(obj) in before
 
         def flat_fn(*tensors: torch.Tensor) -> list[Any]:
             filled = list(template)
@@ -304,13 +317,9 @@ class EntryBuilder:
             with held[0].holding(tensors[count:]) as rebound:
                 out = self.fn(*args, **kwargs)
             changed_arguments.update(f"rebinds the module attribute {k}" for k in rebound)
-            out_leaves, out_info["spec"] = pytree.tree_flatten(out)
+            returned = out_info["returned"] = flatten_result(out, known)  # Note [What fn returns]
             changed_arguments.update(containers.changed())
-            out_info["from_graph"] = tuple(isinstance(o, _GRAPH_OUTPUT_TYPES) for o in out_leaves)
-            out_info["constants"] = tuple(
-                o for o in out_leaves if not isinstance(o, _GRAPH_OUTPUT_TYPES)
-            )
-            return [o for o in out_leaves if isinstance(o, _GRAPH_OUTPUT_TYPES)]
+            return [o for o in returned.leaves if isinstance(o, GRAPH_OUTPUT_TYPES)]
 
         name = function_name(self.fn)
         # The engine verifies rewrites on meta tensors: that work must not be recorded by (or
@@ -353,13 +362,19 @@ class EntryBuilder:
             forward = autocast_free(forward)
         if _has_dynamic_output_shape(graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
-        rebuild = output_rebuilder(out_info["spec"], out_info["from_graph"], out_info["constants"])
+        returned: Result = out_info["returned"]
+        if returned.made is not None:
+            raise TracingError(
+                f"fxviews.transform does not trace {name}{definition_line(self.fn)}: it returns "
+                f"{returned.made} it makes on each call, which a cached graph would hand out once "
+                f"for every call. It runs eagerly; return tensors, numbers, or containers or "
+                f"dataclasses of them to have it traced (Note [What fn returns]).",
+                "returns an object",
+            )
+        from_graph = [isinstance(leaf, GRAPH_OUTPUT_TYPES) for leaf in returned.leaves]
+        constants = [leaf for leaf in returned.leaves if not isinstance(leaf, GRAPH_OUTPUT_TYPES)]
+        rebuild = output_rebuilder(returned.spec, from_graph, constants)
         return _TracedGraph(forward, positions, rebuild, offsets, held[0], slot_kind, layout_bound)
-
-
-# What the traced graph itself returns: tensors, and the symbolic scalars that `.item()` and
-# friends produce while tracing (they are computed again on every run).
-_GRAPH_OUTPUT_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _modules_among(reached: list[Any]) -> list[torch.nn.Module]:

@@ -11,6 +11,7 @@ import torch
 from fxviews.passes.source_lines import internal_module
 
 __all__ = [
+    "held_by",
     "reachable_generators",
     "reachable_objects",
     "read_globals",
@@ -78,6 +79,31 @@ def reachable_generators(reached: Iterable[Any]) -> list[torch.Generator]:
             if isinstance(candidate, torch.Generator):
                 found.setdefault(id(candidate), candidate)
     return list(found.values())
+
+
+def held_by(reached: Iterable[Any]) -> Iterator[Any]:
+    """What the objects among ``reached`` hold as attributes (a module's parameters, buffers and
+    submodules among them, one level down), read without running their own code: what ``fn``
+    may hand out as ``self.config``.
+
+    Example::
+
+        >>> config = {"scale": 2}
+        >>> holder = types.SimpleNamespace(config=config)
+        >>> any(obj is config for obj in held_by([holder]))
+        True
+    """
+    for obj in reached:
+        try:
+            attributes = object.__getattribute__(obj, "__dict__")
+        except Exception:  # noqa: BLE001 - no instance dict, or one its class will not show
+            continue
+        if type(attributes) is not dict:
+            continue
+        for value in dict.values(attributes):
+            yield value
+            if type(value) is dict and isinstance(obj, torch.nn.Module):
+                yield from dict.values(value)  # _parameters, _buffers, _modules
 
 
 def _function_references(fn: types.FunctionType) -> list[Any]:

@@ -83,7 +83,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import threading
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -131,9 +133,11 @@ __all__ = [
     "KeptFunction",
     "ModeNotKept",
     "NotKept",
+    "PLAIN_VALUES",
     "original_apply",
     "requiring_grad_like",
     "restoring_grad_mode",
+    "make_parameter",
     "set_requires_grad",
     "tensor_data",
     "ValueReadInFunction",
@@ -516,7 +520,7 @@ class AutogradWatch:
                 "would differentiate those instead",
             )
         for leaf in pytree.tree_leaves((args, kwargs)):
-            if not isinstance(leaf, torch.Tensor) and not isinstance(leaf, _PLAIN):
+            if not isinstance(leaf, torch.Tensor) and not isinstance(leaf, PLAIN_VALUES):
                 self.refuse(
                     name,
                     f"it is passed a {type(leaf).__name__}, which could hold this call's "
@@ -566,7 +570,7 @@ class AutogradWatch:
 
 
 #: Non-tensor arguments a kept Function's node may hold: values, never containers of state.
-_PLAIN = (
+PLAIN_VALUES = (
     type(None),
     bool,
     int,
@@ -741,6 +745,17 @@ def set_requires_grad(tensor: torch.Tensor, requires_grad: bool = True) -> torch
     return tensor.requires_grad_(requires_grad)
 
 
+def make_parameter(tensor: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
+    """``nn.Parameter(tensor, requires_grad)``: a node making the Parameter ``fn`` made.
+
+    Example::
+
+        >>> type(make_parameter(torch.zeros(2)))
+        <class 'torch.nn.parameter.Parameter'>
+    """
+    return torch.nn.Parameter(tensor, requires_grad)
+
+
 def tensor_data(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor.data``: a node reading it from the graph's tensor when the graph runs.
 
@@ -839,9 +854,28 @@ def _requires_grad_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> 
             watch.refuse("Tensor.requires_grad_", "torch.func transforms refuse it (as eager's "
                          "do; transform's functionalize=True is one)")  # fmt: skip
         raise
-    if tensor.requires_grad != before:
+    if _called_by(_PARAMETER_NEW):
+        # nn.Parameter(t) of a fake (or subclass) tensor: t.detach().requires_grad_(r), of a
+        # real one a Parameter (_make_subclass, which vmap takes): kept as the call it was.
+        watch.keep_tensor_call(make_parameter, tensor, tensor.requires_grad)
+    elif tensor.requires_grad != before:
         watch.keep_tensor_call(set_requires_grad, tensor, tensor.requires_grad)
     return out
+
+
+_PARAMETER_NEW = torch.nn.Parameter.__new__.__code__
+
+
+def _called_by(code: types.CodeType, depth: int = 6) -> bool:
+    """Whether a frame of ``code`` is among the ``depth`` frames above this one's caller."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _detach_(watch: AutogradWatch, func: Any, args: Any, kwargs: Any) -> Any:

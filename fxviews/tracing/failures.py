@@ -331,6 +331,7 @@ EAGER_CAUSES = frozenset(
         "autograd",
         "module hooks",
         "mode",
+        "returns an object",
         "lazy conjugate",
         "rebinds Python state",
         "random state",
