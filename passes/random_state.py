@@ -70,7 +70,7 @@ def reachable_cuda_devices(values: Any) -> list[int]:
     wanted = {
         leaf.device.index
         for leaf in pytree.tree_leaves(values)
-        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda"
+        if issubclass(type(leaf), torch.Tensor) and leaf.device.type == "cuda"
     }
     if not wanted or not torch.cuda.is_available():
         return []
@@ -90,7 +90,7 @@ def generators_among(values: Any) -> list[torch.Generator]:
     """
     found: dict[int, torch.Generator] = {}
     for leaf in pytree.tree_leaves(values):
-        if isinstance(leaf, torch.Generator):
+        if issubclass(type(leaf), torch.Generator):  # never a __class__ of the user's
             found.setdefault(id(leaf), leaf)
     return list(found.values())
 

@@ -71,8 +71,10 @@ from fxviews.state.module_slots import NO_SLOTS, ModuleSlots
 from fxviews.state.python_state import ArgumentContainers, Rebinding, why_refused
 from fxviews.state.reachable import (
     held_by,
+    of_type,
     reachable_generators,
     reachable_objects,
+    submodules,
     uninitialized_lazy_modules,
 )
 from fxviews.tracing.autograd import restoring_grad_mode
@@ -81,7 +83,7 @@ from fxviews.tracing.failures import EAGER_CAUSES, TracingError, definition_line
 from fxviews.tracing.lock import tracing_lock
 from fxviews.tracing.modes import autocast_free, autocast_off
 from fxviews.tracing.recording import reads_values_into_shape
-from fxviews.tracing.samples import is_batched
+from fxviews.tracing.samples import is_batched, untraced_kind
 from fxviews.tracing.scalar_values import keep_item_values_as_tensors
 
 __all__ = ["Entry", "EntryBuilder", "TraceLater"]
@@ -208,6 +210,7 @@ class EntryBuilder:
         slots = ModuleSlots.of(modules)
         try:
             with ModuleCalls() as run:
+                _check_traced_kinds(self.fn, leaves)
                 _check_no_lazy_bits(self.fn, leaves)
                 _check_no_captured_wrappers(self.fn, reached)
                 generators = generators_among([leaves, reachable_generators(reached)])
@@ -296,7 +299,7 @@ class EntryBuilder:
         returns]); ``generators``: those of the call's ``leaves`` and those ``fn`` reaches
         (Note [Which generators to fork]); what a run of ``fn`` changes in its arguments goes
         to ``changed_arguments``."""
-        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        positions = tuple(i for i, leaf in enumerate(leaves) if of_type(leaf, torch.Tensor))
         count = len(positions)
         held = [slots]  # the slots the graph reads: all while tracing, then those it reads
         # The signature's other leaves: flat_fn may run again eagerly (_eager_when_batched),
@@ -379,10 +382,24 @@ class EntryBuilder:
 
 def _modules_among(reached: list[Any]) -> list[torch.nn.Module]:
     """The modules among the objects a function reaches (see
-    :func:`fxviews.guards.reachable_objects`), each with its submodules."""
+    :func:`fxviews.state.reachable.reachable_objects`), each with its submodules, but those
+    whose own attributes do not read (a ``__getattribute__`` of the user's that raises: no
+    call of theirs could run, and fxviews reads their mode, hooks and tensors)."""
     return [
-        module for obj in reached if isinstance(obj, torch.nn.Module) for module in obj.modules()
+        module
+        for obj in reached
+        if of_type(obj, torch.nn.Module)
+        for module in submodules(obj)
+        if _attributes_read(module)
     ]
+
+
+def _attributes_read(module: torch.nn.Module) -> bool:
+    try:
+        module.__dict__, module.training  # noqa: B018 - the reads are the check
+    except Exception:  # noqa: BLE001 - the user's __getattribute__, theirs to fail
+        return False
+    return True
 
 
 def _has_dynamic_output_shape(graph: torch.fx.Graph) -> bool:
@@ -456,6 +473,20 @@ def _outside_transforms() -> Iterator[None]:
         yield
 
 
+def _check_traced_kinds(fn: Callable[..., Any], leaves: list[Any]) -> None:
+    """Refuse a call passing a tensor of a kind no trace runs on (quantized, nested, sparse,
+    oneDNN: :func:`~fxviews.tracing.samples.untraced_kind`): that signature runs eagerly."""
+    for leaf in leaves:
+        kind = untraced_kind(leaf) if of_type(leaf, torch.Tensor) else None
+        if kind is not None:
+            raise TracingError(
+                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)} for "
+                f"{kind} argument: a trace runs on dense strided tensors, whose views and "
+                f"layouts it would decide for this one. It runs eagerly for this signature.",
+                "tensor kind",
+            )
+
+
 def _check_no_lazy_bits(fn: Callable[..., Any], leaves: list[Any]) -> None:
     """Refuse a call passing a tensor with the lazy conjugate or negative bit (``z.conj()``,
     ``z.conj().imag``).
@@ -465,7 +496,7 @@ def _check_no_lazy_bits(fn: Callable[..., Any], leaves: list[Any]) -> None:
     write into its memory where eager writes into a resolved copy. Such a call runs eagerly.
     """
     for leaf in leaves:
-        if isinstance(leaf, torch.Tensor) and (leaf.is_conj() or leaf.is_neg()):
+        if of_type(leaf, torch.Tensor) and (leaf.is_conj() or leaf.is_neg()):
             bit = "conjugate" if leaf.is_conj() else "negative"
             raise TracingError(
                 f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)} for "
@@ -485,7 +516,7 @@ def _check_no_captured_wrappers(fn: Callable[..., Any], reached: list[Any]) -> N
     not, and vmap-wrapped ones are caught while tracing.
     """
     for obj in reached:
-        if isinstance(obj, torch.Tensor) and is_functorch_wrapped_tensor(obj):
+        if of_type(obj, torch.Tensor) and is_functorch_wrapped_tensor(obj):
             raise TracingError(
                 f"fxviews.transform cannot trace {function_name(fn)}{definition_line(fn)}: it "
                 f"closes over a tensor wrapped by an enclosing torch.func transform, whose "

@@ -102,7 +102,8 @@ from fxviews.passes.compat.torch_internals import (
 )
 from fxviews.rewriting.printouts import logger
 from fxviews.state.guard import read_training, read_training_and_swaps
-from fxviews.tracing.failures import function_name
+from fxviews.state.reachable import of_type
+from fxviews.tracing.failures import first_line, function_name
 from fxviews.tracing.lock import tracing_in_progress, tracing_lock
 
 __all__ = ["DEFAULT_CACHE_SIZE", "CacheInfo", "cached_function"]
@@ -160,17 +161,24 @@ def cached_function(fn: _F, *, strict: bool, cache_size: int, functionalize: boo
             if entry is None:
                 return cache.call(args, kwargs)
         guard = entry.guard
-        # StateGuard.check, written out.
-        if (
-            not guard.check_process()
-            or (guard.modules and tuple(map(read_training, guard.modules)) != guard.trainings)
-            or (
-                guard.holders
-                and tuple(map(read_training_and_swaps, guard.holders)) != guard.holder_counts
+        # StateGuard.check, written out; one that raises (a module's `training` property of the
+        # user's) fails, and the slow path checks it as StateGuard.check does.
+        try:
+            holds = (
+                guard.check_process()
+                and (
+                    not guard.modules or tuple(map(read_training, guard.modules)) == guard.trainings
+                )
+                and (
+                    not guard.holders
+                    or tuple(map(read_training_and_swaps, guard.holders)) == guard.holder_counts
+                )
+                and (not guard.bound or guard.bindings_hold())
+                and (RemovableHandle.next_id == guard.hook_clock or guard.hooks_hold())
             )
-            or (guard.bound and not guard.bindings_hold())
-            or (RemovableHandle.next_id != guard.hook_clock and not guard.hooks_hold())
-        ):
+        except Exception:  # noqa: BLE001
+            holds = False
+        if not holds:
             return cache.call(args, kwargs)
         if entry.slots.keys:  # what the model's slots hold now (Note [Parameters are read ...])
             held = entry.slot_values()
@@ -278,10 +286,17 @@ class _GraphCache:
                 check_call(self.fn, args, kwargs, function_name(self.fn))
                 entry = self._insert(key, *pytree.tree_flatten((args, kwargs)), keepalive=())
             return entry, args
-        leaves, spec = pytree.tree_flatten((args, kwargs))
         keepalive: list[Any] = []
-        key = (spec, tuple(leaf_key(leaf, keepalive) for leaf in leaves))
-        entry = self._get(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
+        try:
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            key = (spec, tuple(leaf_key(leaf, keepalive) for leaf in leaves))
+            entry = self._get(key, [leaf for leaf in leaves if of_type(leaf, torch.Tensor)])
+        except Exception as err:  # noqa: BLE001 - Note [Keys of the user's objects]
+            raise TraceLater(
+                f"fxviews.transform cannot key a call of {function_name(self.fn)}: an object "
+                f"among its arguments fails to be read or compared ({type(err).__name__}: "
+                f"{first_line(err)}); it runs eagerly"
+            ) from err
         if entry is None:
             check_call(self.fn, args, kwargs, function_name(self.fn))
             entry = self._insert(key, leaves, spec, keepalive=tuple(keepalive))
@@ -313,7 +328,7 @@ class _GraphCache:
         self, key: Any, leaves: list[Any], spec: pytree.TreeSpec, *, keepalive: tuple[Any, ...]
     ) -> Entry:
         with tracing_lock:
-            entry = self._passing(key, [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
+            entry = self._passing(key, [leaf for leaf in leaves if of_type(leaf, torch.Tensor)])
             if entry is not None:  # built by another thread while this one waited
                 return entry
             if key in self.entries:  # traced for this signature, in another state

@@ -1,5 +1,17 @@
 """The signature a transformed function's call is cached under (Note [The cached call] in
-``fxviews/calls/cache.py``): what of its arguments selects a graph."""
+``fxviews/calls/cache.py``): what of its arguments selects a graph.
+
+Note [Keys of the user's objects]
+---------------------------------
+A non-tensor argument is part of the signature: by value where Python's or PyTorch's own types
+define it (numbers, strings, dtypes, devices; a float by its repr, so the sign of a zero
+counts), by identity where it is unhashable or its ``__hash__`` raises or lies (two reads
+differ), and by value otherwise, through its own ``==`` made safe: a dict compares keys with
+``==``, and an ``==`` of the user's may raise or return an array (NumPy's), on the second call
+with another object of equal hash. Such a comparison is "not equal": the call traces its own
+graph, never an error of fxviews'. A call whose arguments cannot be flattened or keyed at all
+(a container of the user's whose iteration raises) runs eagerly, saying why (:mod:`.cache`).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +26,8 @@ from fxviews.passes.compat.torch_internals import (
     make_contiguous_strides_for,
 )
 from fxviews.state.guard import same_kind_check
-from fxviews.tracing.samples import is_batched, traced_offset
+from fxviews.state.reachable import of_type
+from fxviews.tracing.samples import is_batched, traced_offset, untraced_kind
 
 __all__ = [
     "hot_check",
@@ -37,7 +50,7 @@ def positional_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         >>> positional_key((torch.ones(2),)) == positional_key((torch.zeros(2),))
         True
     """
-    if not all(isinstance(arg, torch.Tensor) for arg in args):
+    if not all(of_type(arg, torch.Tensor) for arg in args):
         return None
     return tuple(map(tensor_key, args))
 
@@ -51,6 +64,9 @@ def tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     # The layout: Note [The layout of a call]. The lazy conjugate and negative bits: such a
     # call runs eagerly (transforming._check_no_lazy_bits), a plain one of the same values
     # does not. A Parameter's sample is one to isinstance (requiring_grad_like).
+    kind = untraced_kind(tensor)
+    if kind is not None:  # runs eagerly (Note [The layout of a call]); its sizes may not read
+        return (kind, type(tensor), tensor.dtype, tensor.device, tensor.requires_grad)
     return (
         tensor.shape,
         tensor.dtype,
@@ -63,26 +79,63 @@ def tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 
 def leaf_key(leaf: Any, keepalive: list[Any]) -> Any:
-    """The key of one leaf of a call's arguments; an unhashable one is keyed by identity and
-    appended to ``keepalive`` (whose holder keeps its id unique).
+    """The key of one leaf of a call's arguments (Note [Keys of the user's objects]); one keyed
+    by identity is appended to ``keepalive`` (whose holder keeps its id unique).
 
     Example::
 
         >>> leaf_key(0.0, []) == leaf_key(-0.0, [])
         False
     """
-    if isinstance(leaf, torch.Tensor):
+    kind = type(leaf)
+    if issubclass(kind, torch.Tensor):
         return (torch.Tensor, tensor_key(leaf))
-    try:
-        hash(leaf)
-    except TypeError:
-        keepalive.append(leaf)
-        return (type(leaf), "id", id(leaf))
-    if isinstance(leaf, (float, complex)):
+    if kind is float or kind is complex:
         # 0.0 == -0.0, but a graph bakes the sign in (atan2, division, copysign).
-        return (type(leaf), leaf, repr(leaf))
-    # The type keeps 1, 1.0 and True apart: they hash equal but trace differently.
-    return (type(leaf), leaf)
+        return (kind, leaf, repr(leaf))
+    if kind in _VALUE_KEYS:
+        # The type keeps 1, 1.0 and True apart: they hash equal but trace differently.
+        return (kind, leaf)
+    try:
+        hashed = hash(leaf)
+        steady = hash(leaf) == hashed
+    except Exception:  # noqa: BLE001 - unhashable, or a __hash__ of the user's that raises
+        steady = False
+    if not steady:
+        keepalive.append(leaf)
+        return (kind, "id", id(leaf))
+    return (kind, _ByValue(leaf, hashed))
+
+
+#: Leaves keyed by their own value: the types whose ``==`` and ``hash`` are Python's or
+#: PyTorch's.
+_VALUE_KEYS = frozenset(
+    {type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout,
+     torch.memory_format, torch.Size}
+)  # fmt: skip
+
+
+class _ByValue:
+    """Another object as a key, by its value, its ``==`` made safe (Note [Keys of the user's
+    objects]): equal only where ``==`` says True; never raising."""
+
+    __slots__ = ("hashed", "value")
+
+    def __init__(self, value: Any, hashed: int) -> None:
+        self.value, self.hashed = value, hashed
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not _ByValue:
+            return False
+        if other.value is self.value:
+            return True
+        try:
+            return bool(self.value == other.value)
+        except Exception:  # noqa: BLE001 - an == of the user's that raises, or returns an array
+            return False
 
 
 #: Offsets a graph is held to: (graph input position, storage offset) pairs.

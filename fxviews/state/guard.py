@@ -79,7 +79,7 @@ from fxviews.passes.compat.torch_internals import (
     global_module_hook_dicts,
     module_hook_dicts,
 )
-from fxviews.state.reachable import read_globals
+from fxviews.state.reachable import of_type, read_globals
 
 __all__ = [
     "ModuleCalls",
@@ -111,7 +111,7 @@ _read_cell = operator.attrgetter("cell_contents")
 def _is_data(value: Any) -> bool:
     """Whether a name holding ``value`` is one a graph may have read (item 4): anything but a
     module of code or a class, which code reads for their functions."""
-    return not isinstance(value, (types.ModuleType, type))
+    return not of_type(value, (types.ModuleType, type))
 
 
 def _read_mode(module: torch.nn.Module) -> tuple[bool, int]:
@@ -129,7 +129,7 @@ def _counting(kind: str) -> Callable[[torch.nn.Module, str, Any], None]:
         if REGISTRATIONS not in held:
             return
         before = held[kind].get(name)
-        swap = isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)
+        swap = of_type(value, torch.Tensor) and of_type(before, torch.Tensor)
         held[SWAPS if swap else REGISTRATIONS] += 1
 
     return count
@@ -200,9 +200,13 @@ class StateGuard:
         self.check_process: Callable[[], bool] = process.check  # bound once: hits call it
         # Items 2 and 3: each module's training flag and registration count; for ``holders``,
         # the modules whose tensors the graph holds as constants, their swaps too.
-        self.modules = tuple(_unique(modules))
+        # Of those whose flag reads: a module whose `training` raises has no mode eager could
+        # branch on.
+        self.modules = tuple(m for m in _unique(modules) if _mode_reads(m))
         known = {id(module) for module in self.modules}
-        self.holders = tuple(m for m in _unique(holders) if id(m) not in known)
+        self.holders = tuple(
+            m for m in _unique(holders) if id(m) not in known and _mode_reads(m)
+        )
         for module in (*self.modules, *self.holders):
             module.__dict__.setdefault(REGISTRATIONS, 0)
             module.__dict__.setdefault(SWAPS, 0)
@@ -274,17 +278,26 @@ class StateGuard:
 
     def check(self) -> bool:
         """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module,
-        ~40 ns a name)."""
-        return (
-            self.check_process()
-            and tuple(map(self.read, self.modules)) == self.trainings
-            and tuple(map(read_training_and_swaps, self.holders)) == self.holder_counts
-            and (not self.bound or self.bindings_hold())
-            and self.hooks_hold()
-        )
+        ~40 ns a name); False where reading it raises (a module's ``training`` property)."""
+        try:
+            return (
+                self.check_process()
+                and tuple(map(self.read, self.modules)) == self.trainings
+                and tuple(map(read_training_and_swaps, self.holders)) == self.holder_counts
+                and (not self.bound or self.bindings_hold())
+                and self.hooks_hold()
+            )
+        except Exception:  # noqa: BLE001 - the user's property failed: not the state traced
+            return False
 
     def failure(self) -> str:
         """Which part of the state differs now, for logs (empty if none)."""
+        try:
+            return self._failure()
+        except Exception as err:  # noqa: BLE001 - a module's `training` property raised
+            return f"a module's mode could not be read ({type(err).__name__})"
+
+    def _failure(self) -> str:
         if not self.process.check():
             return f"process state ({self.process.reason()})"
         reads: list[tuple[Callable[[torch.nn.Module], Any], tuple[Any, ...], tuple[Any, ...]]] = [
@@ -355,6 +368,15 @@ def _bindings(
                 if _is_data(cell.cell_contents):
                     cells[id(cell)] = (cell, cell.cell_contents)
     return list(named.values()), list(cells.values())
+
+
+def _mode_reads(module: torch.nn.Module) -> bool:
+    """Whether ``module.training`` reads (a property of the user's may raise)."""
+    try:
+        module.training  # noqa: B018 - the read is the check
+    except Exception:  # noqa: BLE001 - the user's property, theirs to fail
+        return False
+    return True
 
 
 def _unique(modules: Any) -> list[torch.nn.Module]:

@@ -86,7 +86,9 @@ class ModuleSlots:
             held = [module.__dict__[name] for name in _SLOT_DICTS]
             for holder in (*held, module.__dict__):
                 for key, value in holder.items():
-                    if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+                    # By its real type: a __class__ of the user's may raise (Note [What a
+                    # function reaches], item 1).
+                    if not issubclass(type(value), torch.Tensor) or value.device.type == "meta":
                         continue
                     if id(value) in position:
                         aliases.append((holder, key, position[id(value)]))

@@ -44,7 +44,11 @@ say why the trace is refused. A trace that raises an exception of ``fn``'s own a
 such state is put back too, and the call runs eagerly: the writes and the exception are then
 eager's (under ``vmap``, the trace would have logged one sample where eager logs the batch).
 Not seen: containers reached only through an object that is not one of those (an attribute of
-a Python module, an item of a user object's list).
+a Python module, an item of a user object's list), and, to keep a first call's cost bounded
+(Note [What a function reaches], item 2), containers past the walk's budget and writes into
+one of more than :data:`_KEEP_LIMIT` items other than growing it (its length is kept, and a
+list or deque that grew is cut back). All of it is read without running the user's code: an
+object whose dunders raise or lie is kept by identity or left alone.
 
 Example::
 
@@ -63,6 +67,7 @@ import pickle
 import random
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -72,7 +77,13 @@ import torch
 from fxviews.passes.compat.torch_internals import pytree
 from fxviews.passes.source_lines import internal_module
 from fxviews.state.guard import REGISTRATIONS, SWAPS
-from fxviews.state.reachable import read_globals
+from fxviews.state.reachable import (
+    WALK_BUDGET,
+    instance_dict,
+    of_type,
+    read_globals,
+    submodules,
+)
 
 __all__ = ["ArgumentContainers", "Rebinding", "why_refused"]
 
@@ -90,6 +101,19 @@ _CONTAINERS = (list, dict, set, collections.deque)
 #: are still kept): a replay buffer's transitions are not the state a step writes.
 _SEARCH_LIMIT = 10_000
 
+#: The entries of a container past which its items are not kept, only its length: copying and
+#: comparing them would cost a first call tens of milliseconds a million (Note [What a
+#: function reaches], item 2). A list or deque that grew is cut back; other writes into it are
+#: not seen.
+_KEEP_LIMIT = 200_000
+
+#: The roots (attributes, globals, cells, defaults, reached objects) whose containers and
+#: streams are kept, at most: each costs a first call about a microsecond.
+_ROOT_LIMIT = 20_000
+
+#: What searching one container costs the walk's budget besides its items.
+_CONTAINER_COST = 10
+
 
 class Rebinding:
     """A shallow copy of the Python state ``objects`` and ``functions`` reach (see the Note),
@@ -103,30 +127,36 @@ class Rebinding:
         roots: list[tuple[str, Any]] = []
         seen: set[int] = set()
         for obj in objects:
-            for owner in obj.modules() if isinstance(obj, torch.nn.Module) else [obj]:
-                if id(owner) in seen or not _has_own_state(owner):
+            for owner in submodules(obj) if of_type(obj, torch.nn.Module) else [obj]:
+                attributes = instance_dict(owner)
+                if id(owner) in seen or attributes is None or not _has_own_state(owner):
                     continue
                 seen.add(id(owner))
                 whose = type(owner).__name__
-                for state in [vars(owner)] + [
-                    getattr(owner, name)
-                    for name in (_MODULE_DICTS if isinstance(owner, torch.nn.Module) else ())
-                ]:
+                module = of_type(owner, torch.nn.Module)
+                held = [attributes.get(name) for name in (_MODULE_DICTS if module else ())]
+                for state in [attributes, *(d for d in held if type(d) is dict)]:
                     kept = {k: v for k, v in state.items() if k not in _COUNTS}
                     self._kept.append((whose, state, kept, True))
-                own = _MODULE_OWN if isinstance(owner, torch.nn.Module) else ()
-                roots += [(f"{whose}.{k}{{}}", v) for k, v in vars(owner).items() if k not in own]
+                own = _MODULE_OWN if module else ()
+                roots += [
+                    (f"{whose}.{_escaped(k)}{{}}", v) for k, v in attributes.items() if k not in own
+                ]
         for fn, names in read_globals(functions):
             kept = {name: fn.__globals__[name] for name in names}
             self._kept.append(("global", fn.__globals__, kept, False))
             roots += [(f"global {name}{{}}", value) for name, value in kept.items()]
             roots += _closure_and_defaults(fn, self._cells)
-        roots += [("that the function reaches{}", obj) for obj in objects]
-        # (the container's name, the container, its items as they were)
-        self._containers = list(_containers_under(roots))
+        del roots[_ROOT_LIMIT:]  # Note [What a function reaches], item 2
+        # What the walk found besides what is named: searched within the budget only.
+        found = [("that the function reaches{}", obj) for obj in objects[:_ROOT_LIMIT]]
+        # (where the container is, the container, its items as they were or its length)
+        self._containers = list(_containers_under(roots, found))
+        roots += found
         #: The iterators among them, named: a trace would take an item, which cannot be put
         #: back, so a function reaching one is not traced at all.
-        iterators = [(name.format(""), obj) for name, obj in roots if _is_iterator(obj)]
+        named = {id(obj): (name.format(""), obj) for name, obj in reversed(roots)}
+        iterators = [(name, obj) for name, obj in named.values() if _is_iterator(obj)]
         self.iterators = sorted(
             {f"the {type(obj).__name__} {name}" for name, obj in iterators if not _seekable(obj)}
         )
@@ -137,7 +167,11 @@ class Rebinding:
             if _seekable(obj)
         ]
         # (the stream's name, its state as it was, how to read it, how to set it)
-        self._streams = [(name, get(), get, put) for name, get, put in _random_streams(roots)]
+        self._streams = [
+            (name, state, get, put)
+            for name, get, put in _random_streams(roots)
+            if (state := _state_of(get)) is not _MISSING
+        ]
 
     def undo(self) -> list[str]:
         """Put back every entry that changed since the copy; what changed, in words."""
@@ -162,12 +196,12 @@ class Rebinding:
                     del cell.cell_contents
                 else:
                     cell.cell_contents = value
-        for name, container, items in self._containers:
+        for where, container, items in self._containers:
             if not _same_items(container, items):
-                changed.add(f"changes the {type(container).__name__} {name}")
+                changed.add(f"changes the {type(container).__name__} {where.spelled()}")
                 _put_back(container, items)
         for name, state, get, put in self._streams:
-            if not _same_state(get(), state):
+            if not _same_state(_state_of(get), state):
                 changed.add(f"draws from {name}")
                 put(state)
         for name, iterator, position in self._positions:
@@ -295,11 +329,11 @@ def _random_streams(
             continue
         seen.add(id(obj))
         spelled, kind = name.format(""), type(obj).__name__
-        if isinstance(obj, random.Random) and not isinstance(obj, random.SystemRandom):
+        if of_type(obj, random.Random) and not of_type(obj, random.SystemRandom):
             streams.append((f"the {kind} {spelled}", obj.getstate, obj.setstate))
-        elif numpy is not None and isinstance(obj, numpy.random.RandomState):
+        elif numpy is not None and of_type(obj, numpy.random.RandomState):
             streams.append((f"the {kind} {spelled}", obj.get_state, obj.set_state))
-        elif numpy is not None and isinstance(obj, numpy.random.Generator):
+        elif numpy is not None and of_type(obj, numpy.random.Generator):
             bits = obj.bit_generator
             read = partial(getattr, bits, "state")
             streams.append((f"the {kind} {spelled}", read, partial(setattr, bits, "state")))
@@ -317,7 +351,7 @@ _SEEKABLE: tuple[type, ...] = (
 
 
 def _seekable(obj: Any) -> bool:
-    return isinstance(obj, _SEEKABLE)
+    return type(obj) in _SEEKABLE
 
 
 def _position(iterator: Any) -> int | None:
@@ -328,10 +362,20 @@ def _position(iterator: Any) -> int | None:
 
 def _is_iterator(obj: Any) -> bool:
     """Whether ``obj`` hands out items with ``next`` (a generator, ``iter(list)``, a data
-    loader's iterator, a file): not a tensor or module, which only iterate when asked to."""
-    return isinstance(obj, collections.abc.Iterator) and not isinstance(
-        obj, (torch.Tensor, torch.nn.Module)
+    loader's iterator, a file): not a tensor or module, which only iterate when asked to, nor
+    a ``weakref.proxy``, whose type has every slot (its referent is not read: it may be dead)."""
+    return of_type(obj, collections.abc.Iterator) and not of_type(
+        obj, (torch.Tensor, torch.nn.Module, weakref.ProxyType, weakref.CallableProxyType)
     )
+
+
+def _state_of(get: Callable[[], Any]) -> Any:
+    """A random stream's state; ``_MISSING`` where reading it raises (a generator of the user's
+    class whose ``getstate`` does: not a stream fxviews can put back)."""
+    try:
+        return get()
+    except Exception:  # noqa: BLE001 - the user's method, theirs to fail
+        return _MISSING
 
 
 def _same_state(now: Any, before: Any) -> bool:
@@ -351,71 +395,156 @@ def _cell_value(cell: Any) -> Any:
         return _MISSING
 
 
-def _containers_under(roots: list[tuple[str, Any]]) -> Iterator[tuple[str, Any, list[Any]]]:
-    """Each list, dict, set and deque among ``roots`` (named with a ``{}`` where a subscript
-    goes) and inside them (through tuples too), once, with its name and a copy of its items."""
+class _Where:
+    """Where a container sits: a root's name with a ``{}`` where a subscript goes, or the
+    container holding it and its subscript; spelled only when a change is reported (a deep nest
+    spelled at every level would cost the square of its depth)."""
+
+    __slots__ = ("name", "parent", "subscript")
+
+    def __init__(self, name: str, parent: _Where | None = None, subscript: str = "") -> None:
+        self.name, self.parent, self.subscript = name, parent, subscript
+
+    def spelled(self) -> str:
+        subscripts, where = [], self
+        while where.parent is not None:
+            subscripts.append(where.subscript)
+            where = where.parent
+        return where.name.format("".join(reversed(subscripts)))
+
+
+def _containers_under(
+    roots: list[tuple[str, Any]], found: list[tuple[str, Any]]
+) -> Iterator[tuple[_Where, Any, Any]]:
+    """Each list, dict, set and deque among ``roots`` and ``found`` (named with a ``{}`` where
+    a subscript goes) and inside them (through tuples too), once, with where it is and a copy
+    of its items (its length, past :data:`_KEEP_LIMIT` items).
+
+    Every root container is kept; ``found`` and the containers inside them are searched
+    breadth first within :data:`~fxviews.state.reachable.WALK_BUDGET` items in all (Note
+    [What a function reaches], item 2), and a container of more than :data:`_SEARCH_LIMIT`
+    items is kept but not searched.
+    """
     seen: set[int] = set()
-    pending = list(reversed(roots))
+    budget = WALK_BUDGET
+    pending = collections.deque(
+        [(_Where(name), obj, True) for name, obj in roots]
+        + [(_Where(name), obj, False) for name, obj in found]
+    )
     while pending:
-        name, obj = pending.pop()
-        if not isinstance(obj, (*_CONTAINERS, tuple)) or id(obj) in seen:
+        where, obj, root = pending.popleft()
+        if not of_type(obj, (*_CONTAINERS, tuple)) or id(obj) in seen:
+            continue
+        if not root and budget <= 0:
             continue
         seen.add(id(obj))
-        items = _items(obj)
-        if not isinstance(obj, tuple):
-            yield name.format(""), obj, items
-        if len(items) > _SEARCH_LIMIT or isinstance(obj, set):  # a set holds no containers
+        length = _length(obj)
+        if length > _KEEP_LIMIT:
+            yield where, obj, length
             continue
-        if isinstance(obj, dict):
-            inner = [(f"[{k!r}]", v) for k, v in items]
+        items = _items(obj)
+        budget -= length + _CONTAINER_COST
+        if not of_type(obj, tuple):
+            yield where, obj, items
+        if length > _SEARCH_LIMIT or of_type(obj, set):  # a set holds no containers
+            continue
+        if of_type(obj, dict):
+            inner = [(k, v) for k, v in _pairs(items) if of_type(v, (*_CONTAINERS, tuple))]
+            pending += [(_Where("", where, f"[{_spelled_key(k)}]"), v, False) for k, v in inner]
         else:
-            inner = [(f"[{i}]", v) for i, v in enumerate(items)]
-        pending += [(name.format(f"{where}{{}}"), value) for where, value in reversed(inner)]
+            pending += [
+                (_Where("", where, f"[{i}]"), value, False)
+                for i, value in enumerate(items)
+                if of_type(value, (*_CONTAINERS, tuple))
+            ]
+
+
+def _spelled_key(key: Any) -> str:
+    """A dict key as a name spells it (its repr; its type where its repr raises), braces
+    escaped for the ``{}`` a name is filled in at."""
+    try:
+        spelled = repr(key) if type(key) in (str, int, float, bool, bytes) else object.__repr__(key)
+    except Exception:  # noqa: BLE001 - a repr of the user's is theirs to fail
+        spelled = f"<{type(key).__name__}>"
+    return _escaped(spelled)
+
+
+def _escaped(text: str) -> str:
+    """``text`` to go into a name that is filled in by ``str.format``."""
+    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 def _items(container: Any) -> list[Any]:
-    """A container's items as a list: a dict's (key, value) pairs, in order.
+    """A container's items as a list: a dict's keys, then its values, in order (pairs would be
+    as many new tuples: a cycle of the garbage collector over everything alive, on a large
+    dict).
 
     Read through the built-in type's own methods: a subclass may override ``__len__``,
     ``__iter__`` or ``items`` to raise or lie (e3nn's ``Irreps``, a tuple whose ``len()`` may
     raise), and what it holds is what the built-in type stores.
     """
-    if isinstance(container, dict):
-        return list(dict.items(container))
-    if isinstance(container, list):
-        return list(list.__iter__(container))
-    if isinstance(container, tuple):
-        return list(tuple.__iter__(container))
-    if isinstance(container, set):
-        return list(set.__iter__(container))
-    if isinstance(container, collections.deque):
-        return list(collections.deque.__iter__(container))
-    return list(container)
+    if of_type(container, dict):
+        return [*dict.keys(container), *dict.values(container)]
+    for base in (list, tuple, set, collections.deque):
+        if of_type(container, base):
+            return list(base.__iter__(container))  # type: ignore[attr-defined]
+    raise TypeError(f"not a container: {type(container).__name__}")
 
 
-def _same_items(container: Any, items: list[Any]) -> bool:
-    """Whether ``container`` holds exactly ``items`` (by identity; a set in any order)."""
+def _pairs(items: list[Any]) -> Iterator[tuple[Any, Any]]:
+    """A dict's (key, value) pairs from its :func:`_items`."""
+    half = len(items) // 2
+    return zip(items[:half], items[half:], strict=True)
+
+
+def _length(container: Any) -> int:
+    """A container's length, by its built-in type's own ``__len__``."""
+    base = next(b for b in (*_CONTAINERS, tuple) if of_type(container, b))
+    return base.__len__(container)  # type: ignore[no-any-return]
+
+
+def _same_items(container: Any, items: list[Any] | int) -> bool:
+    """Whether ``container`` holds exactly ``items`` (by identity; a set in any order), or has
+    the length ``items`` where only that was kept."""
+    if isinstance(items, int):  # only its length was kept
+        return _length(container) == items
     now = _items(container)
     if len(now) != len(items):
         return False
-    if isinstance(container, set):
+    if of_type(container, set):
         return sorted(map(id, now)) == sorted(map(id, items))
-    if isinstance(container, dict):
-        return all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(now, items, strict=True))
     return all(map(operator.is_, now, items))
 
 
-def _put_back(container: Any, items: list[Any]) -> None:
+def _put_back(container: Any, items: list[Any] | int) -> None:
     """Make ``container`` hold ``items`` again, through its own methods (an ``OrderedDict``
-    keeps its order, a subclass its invariants)."""
-    if isinstance(container, list):
-        container[:] = items
+    keeps its order, a subclass its invariants), or its built-in type's where its own raise;
+    one of which only the length was kept is cut back to it where it is a list or deque."""
+    if isinstance(items, int):  # only its length was kept
+        if of_type(container, list):
+            list.__delitem__(container, slice(items, None))
+        elif of_type(container, collections.deque):
+            while len(container) > items:
+                collections.deque.pop(container)
         return
-    container.clear()
-    if isinstance(container, (dict, set)):
-        container.update(items)
+    try:
+        _refill(container, items, type(container))
+    except Exception:  # noqa: BLE001 - a subclass's own methods may raise: the base's do not
+        base = next(b for b in (list, dict, set, collections.deque) if of_type(container, b))
+        _refill(container, items, base)
+
+
+def _refill(container: Any, items: list[Any], kind: type) -> None:
+    if issubclass(kind, list):
+        kind.__setitem__(container, slice(None), items)
+        return
+    kind.clear(container)  # type: ignore[attr-defined]
+    if issubclass(kind, dict):
+        kind.update(container, _pairs(items))  # type: ignore[attr-defined]
+    elif issubclass(kind, set):
+        kind.update(container, items)  # type: ignore[attr-defined]
     else:  # a deque
-        container.extend(items)
+        kind.extend(container, items)  # type: ignore[attr-defined]
 
 
 def _named_arguments(
@@ -442,10 +571,9 @@ def _has_own_state(obj: Any) -> bool:
     """Whether ``obj``'s attributes are state ``fn`` computes with: a module's, or those of an
     object of the user's own class (not a function, class, tensor, or PyTorch's own object,
     whose attributes PyTorch may fill in lazily: an ``OpOverload``'s namespace)."""
-    if isinstance(obj, torch.nn.Module):
+    if of_type(obj, torch.nn.Module):
         return True
-    plain = not isinstance(
+    plain = not of_type(
         obj, (torch.Tensor, type, types.ModuleType, types.FunctionType, types.MethodType)
     )
-    users = not internal_module(type(obj).__module__ or "")
-    return plain and users and isinstance(getattr(obj, "__dict__", None), dict)
+    return plain and not internal_module(type(obj).__module__ or "")

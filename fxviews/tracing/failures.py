@@ -332,6 +332,7 @@ EAGER_CAUSES = frozenset(
         "module hooks",
         "mode",
         "returns an object",
+        "tensor kind",
         "lazy conjugate",
         "rebinds Python state",
         "random state",

@@ -54,7 +54,15 @@ from fxviews.passes.compat.torch_internals import (
     is_functorch_wrapped_tensor,
 )
 
-__all__ = ["fake_sample", "innermost", "is_batched", "real_sample", "sample_bytes", "traced_offset"]
+__all__ = [
+    "fake_sample",
+    "innermost",
+    "is_batched",
+    "real_sample",
+    "sample_bytes",
+    "traced_offset",
+    "untraced_kind",
+]
 
 
 def is_batched(tensor: Any) -> bool:
@@ -70,6 +78,33 @@ def is_batched(tensor: Any) -> bool:
             return True
         tensor = get_unwrapped(tensor)
     return False
+
+
+def untraced_kind(tensor: torch.Tensor) -> str | None:
+    """What ``tensor`` is where it is of a kind no trace runs on, or None: a trace runs on
+    fresh strided tensors of its logical shape (see the Note), which a quantized, nested,
+    sparse or oneDNN tensor is not, and whose graph would decide views and layouts for them as
+    for a dense tensor. A call passing one runs eagerly, saying so.
+
+    Example::
+
+        >>> untraced_kind(torch.ones(2, 2).to_sparse()), untraced_kind(torch.ones(2))
+        ('a sparse tensor (torch.sparse_coo)', None)
+    """
+    inner = innermost(tensor)
+    if inner.is_nested:
+        return f"a nested tensor ({inner.layout})"
+    if inner.is_quantized:
+        return "a quantized tensor"
+    if inner.layout != torch.strided:
+        kind = "oneDNN" if inner.is_mkldnn else "sparse" if inner.is_sparse or _csr(inner) else ""
+        return f"a {kind} tensor ({inner.layout})".replace("a  ", "a ")
+    return None
+
+
+def _csr(tensor: torch.Tensor) -> bool:
+    compressed = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+    return tensor.layout in compressed
 
 
 def innermost(tensor: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor
 from torch.fx import GraphModule
+from torch.nn import Parameter
 
 from fxviews.arguments import check_flags
 from fxviews.consumers.compile.dynamo_stage import (
@@ -270,6 +272,9 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
         with tracing_lock, preserved_torch_state(), guards_allowed():
             check_layout_reads(gm)
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
+            subclass = _plain_subclass_inputs(example_inputs)
+            if subclass is not None:
+                return _run_dynamo_graph(gm, name, strict, subclass)
             if prepared.runs_eagerly is not None and (strict or not prepared.split_before):
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
             if pin_outputs:
@@ -326,6 +331,23 @@ def _lowered(
         return gm.forward
     finally:
         _CURRENT_LOWERING.reset(token)
+
+
+def _plain_subclass_inputs(example_inputs: Sequence[Any]) -> str | None:
+    """Why AOTAutograd cannot run a graph given these inputs, or None: a tensor subclass of the
+    user's with no ``__torch_dispatch__`` of its own (``x.as_subclass(Marked)``), which its
+    compiled graph refuses when it runs (every handler "returned NotImplemented"; ``aot_eager``
+    fails the same way on torch 2.13). Dynamo's graph, run as Python, keeps the class as eager
+    does."""
+    for value in example_inputs:
+        kind = type(value)
+        if issubclass(kind, Tensor) and kind not in (Tensor, Parameter):
+            if kind.__torch_dispatch__ is Tensor.__torch_dispatch__:
+                return (
+                    f"an input is a {kind.__qualname__}, a tensor subclass without a "
+                    f"__torch_dispatch__ of its own, which AOTAutograd's compiled graphs refuse"
+                )
+    return None
 
 
 def _run_dynamo_graph(gm: GraphModule, name: str, strict: bool, hazard: str) -> CompiledFn:
