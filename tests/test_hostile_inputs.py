@@ -7,7 +7,7 @@ Each example builds a class of the user's on a base (``object``, ``list``, ``tup
 claims to be a module, a list or a tensor, ``__eq__`` raising or returning an array, ``__hash__``
 raising or lying, ``__bool__``/``__repr__`` raising, a module's ``training`` raising), places an
 instance where ``fn`` reaches it (a closure cell, a global, a default, a ``functools.partial``
-argument, a module's attribute, an argument, an item of a list or dict argument, a keyword),
+argument, a module's attribute, an argument, an item of a list or dict argument),
 and has ``fn`` ignore it or use it as eager code would (``len``, ``bool``, iteration). The
 transformed function must have eager's outcome (:mod:`tests.parity`: eager's result, or the
 exception type eager raises) called directly (twice, the second time with another instance,
