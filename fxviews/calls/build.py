@@ -11,18 +11,21 @@ one :class:`Entry` for the call's signature in the state now in force, in five s
    them, whose tensors the graph takes as inputs read at each call (Note [Parameters are read
    when the graph runs]).
 2. **What is refused before a trace.** Lazy modules whose parameters do not exist yet (the call
-   runs eagerly and the next one traces), arguments with the lazy conjugate or negative bit,
+   runs eagerly and the next one traces), tensor arguments of a kind no trace runs on
+   (quantized, nested, sparse, oneDNN), arguments with the lazy conjugate or negative bit,
    closures over tensors of an enclosing transform, and iterators ``fn`` reaches (Note [Python
    state a trace rebinds]): an item once taken cannot be put back.
 3. **The trace**, outside every enclosing transform (:func:`_outside_transforms`), on the
    call's tensors and the slots' (each slot holding its sample while ``fn`` runs), recording
    which modules run; a module call with hooks is refused (Note [The state a graph bakes in],
    item 6), Python state ``fn`` writes is put back and refused
-   (:class:`~fxviews.state.python_state.Rebinding`), and slots the graph does not read are
+   (:class:`~fxviews.state.python_state.Rebinding`), a result holding an object ``fn`` makes on
+   each call is refused (Note [What fn returns]), and slots the graph does not read are
    dropped from it.
 4. **The rewrite**, built to be run only by fxviews (:func:`~fxviews.rewriting.steps.
    rewrite_in_place` with ``bind_calls``), and the graph's own code
-   (:func:`~fxviews.calls.graph_code.run_only_forward`).
+   (:func:`~fxviews.calls.graph_code.run_only_forward`), run with autocast off where the call
+   is made under it (the graph holds autocast's casts: Note [Modes inside fn]).
 5. **The guard, finished.** One :class:`~fxviews.state.guard.StateGuard` is made from what the
    steps found: the process state of step 1, the modules reached and those that ran (their
    modes, registrations and hooks), the names and closure cells ``fn``'s code reads, and the
@@ -340,6 +343,7 @@ class EntryBuilder:
                 generators=generators,
                 held=len(slot_values),
             )
+            _check_returns_no_object_made(self.fn, out_info["returned"])
             read = _drop_unread_slots(gm, count)
             held[0] = slots.keep(read)
             slot_values = tuple(slot_values[i] for i in read)
@@ -366,14 +370,6 @@ class EntryBuilder:
         if _has_dynamic_output_shape(graph_module.graph):
             forward = _eager_when_batched(forward, flat_fn)
         returned: Result = out_info["returned"]
-        if returned.made is not None:
-            raise TracingError(
-                f"fxviews.transform does not trace {name}{definition_line(self.fn)}: it returns "
-                f"{returned.made} it makes on each call, which a cached graph would hand out once "
-                f"for every call. It runs eagerly; return tensors, numbers, or containers or "
-                f"dataclasses of them to have it traced (Note [What fn returns]).",
-                "returns an object",
-            )
         from_graph = [isinstance(leaf, GRAPH_OUTPUT_TYPES) for leaf in returned.leaves]
         constants = [leaf for leaf in returned.leaves if not isinstance(leaf, GRAPH_OUTPUT_TYPES)]
         rebuild = output_rebuilder(returned.spec, from_graph, constants)
@@ -471,6 +467,19 @@ def _outside_transforms() -> Iterator[None]:
         stack.enter_context(torch.set_grad_enabled(grad_enabled))
         stack.enter_context(saved_tensors_hooks_deferred())
         yield
+
+
+def _check_returns_no_object_made(fn: Callable[..., Any], returned: Result) -> None:
+    """Refuse a trace whose result holds an object ``fn`` makes on each call (Note [What fn
+    returns], item 3): the signature runs eagerly, so each call gets its own."""
+    if returned.made is not None:
+        raise TracingError(
+            f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}: it "
+            f"returns {returned.made} it makes on each call, which a cached graph would hand out "
+            f"once for every call. It runs eagerly; return tensors, numbers, or containers or "
+            f"dataclasses of them to have it traced (Note [What fn returns]).",
+            "returns an object",
+        )
 
 
 def _check_traced_kinds(fn: Callable[..., Any], leaves: list[Any]) -> None:
