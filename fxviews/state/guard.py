@@ -204,9 +204,7 @@ class StateGuard:
         # branch on.
         self.modules = tuple(m for m in _unique(modules) if _mode_reads(m))
         known = {id(module) for module in self.modules}
-        self.holders = tuple(
-            m for m in _unique(holders) if id(m) not in known and _mode_reads(m)
-        )
+        self.holders = tuple(m for m in _unique(holders) if id(m) not in known and _mode_reads(m))
         for module in (*self.modules, *self.holders):
             module.__dict__.setdefault(REGISTRATIONS, 0)
             module.__dict__.setdefault(SWAPS, 0)

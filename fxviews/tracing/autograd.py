@@ -83,7 +83,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -868,7 +867,8 @@ _PARAMETER_NEW = torch.nn.Parameter.__new__.__code__
 
 def _called_by(code: types.CodeType, depth: int = 6) -> bool:
     """Whether a frame of ``code`` is among the ``depth`` frames above this one's caller."""
-    frame = sys._getframe(2)
+    here = inspect.currentframe()
+    frame = here.f_back.f_back if here is not None and here.f_back is not None else None
     for _ in range(depth):
         if frame is None:
             return False
