@@ -126,6 +126,33 @@ def test_tensor_kinds_closed_over_are_eagers(kind, caplog):
         assert_routes_match(fn, [torch.randn(3, 4)], ("direct", "vmap", "grad"))
 
 
+#: Kinds ``fn`` makes itself from a dense argument, returned or used.
+MADE_INSIDE: dict[str, Callable[[torch.Tensor], Any]] = {
+    "sparse returned": lambda x: x.to_sparse(),
+    "sparse used": lambda x: torch.sparse.mm(x.to_sparse(), x.t()),
+    "nested strided returned": lambda x: torch.nested.nested_tensor([x, x]),
+    "nested strided used": lambda x: torch.nested.nested_tensor([x, x[:2]]).unbind()[1] * 2,
+    "nested jagged returned": lambda x: (
+        torch.nested.nested_tensor([x, x[:2]], layout=torch.jagged) * 2
+    ),
+    "nested jagged padded": lambda x: (
+        torch.nested.nested_tensor([x, x[:2]], layout=torch.jagged).to_padded_tensor(0.0).sum(0)
+    ),
+    "quantized returned": lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.quint8),
+    "quantized used": lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.quint8).dequantize(),
+    "oneDNN used": lambda x: x.to_mkldnn().to_dense() * 2,
+}
+
+
+@pytest.mark.parametrize("name", MADE_INSIDE)
+def test_tensor_kinds_made_inside_are_eagers(name, caplog):
+    """A nested tensor fn makes runs it eagerly (a trace of one came back holding the trace's
+    fake offsets, and under grad gave zeros where eager raises); the others get a graph."""
+    with caplog.at_level(logging.ERROR, logger="fxviews"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's beta warnings for nested and sparse
+        assert_routes_match(MADE_INSIDE[name], [torch.randn(3, 4)], ("direct", "vmap", "grad"))
+
+
 def test_a_kind_no_trace_runs_on_says_why(caplog):
     sparse = torch.randn(3, 4).to_sparse()
     with caplog.at_level(logging.WARNING, logger="fxviews"):

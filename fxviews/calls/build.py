@@ -471,7 +471,18 @@ def _outside_transforms() -> Iterator[None]:
 
 def _check_returns_no_object_made(fn: Callable[..., Any], returned: Result) -> None:
     """Refuse a trace whose result holds an object ``fn`` makes on each call (Note [What fn
-    returns], item 3): the signature runs eagerly, so each call gets its own."""
+    returns], item 3), or a tensor of a kind no trace runs on (a nested tensor ``fn`` makes
+    came back holding the trace's fake offsets): the signature runs eagerly, so each call gets
+    its own."""
+    for leaf in returned.leaves:
+        kind = untraced_kind(leaf) if of_type(leaf, torch.Tensor) else None
+        if kind is not None:
+            raise TracingError(
+                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}: it "
+                f"returns {kind}, which a graph of dense strided tensors does not make. It runs "
+                f"eagerly for this signature.",
+                "tensor kind",
+            )
     if returned.made is not None:
         raise TracingError(
             f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}: it "

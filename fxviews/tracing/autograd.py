@@ -131,6 +131,7 @@ __all__ = [
     "keeping_functions",
     "KeptFunction",
     "ModeNotKept",
+    "NestedNotKept",
     "NotKept",
     "PLAIN_VALUES",
     "original_apply",
@@ -164,6 +165,12 @@ class HooksNotKept(NotKept):
 class ModeNotKept(NotKept):
     """An op run under a mode ``fn`` set, which a graph would run under the caller's (Note
     [Modes inside fn]): the function runs eagerly for this signature."""
+
+
+class NestedNotKept(NotKept):
+    """An op made a nested tensor: a graph of dense strided values does not keep one as eager
+    makes it (under ``torch.func`` transforms eager refuses what such a graph would run), so
+    the function runs eagerly for this signature."""
 
 
 class ValueReadInFunction(RuntimeError):
@@ -470,6 +477,11 @@ class AutogradWatch:
         change = self.modes.after_op(func, args, kwargs, out)
         if change is not None:
             self.refuse_mode(change)
+        if any(t.is_nested for t in _tensors(out)) and self.refusal is None:
+            self.refusal = NestedNotKept(
+                f"{func}, which makes a nested tensor", _NESTED, calling_user_line()
+            )
+            raise self.refusal
         if isinstance(out, torch.Tensor):
             self.made.append(out)
             if func is _DETACH and not self.user_detach and args[0].requires_grad:
@@ -652,6 +664,18 @@ def _holds_traced_numbers(out: Any) -> bool:
 
 
 _DETACH = torch.ops.aten.detach.default
+
+_NESTED = (
+    "a trace runs on dense strided tensors, and a graph of them does not keep a nested tensor "
+    "as eager makes it"
+)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors among an op's results (a tensor, or a tuple or list of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) else []
 
 
 class _ModuleHooks:

@@ -8,7 +8,13 @@ from fxviews.passes.compat.torch_internals import (
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.random_state import RandomStateFromPython
 from fxviews.passes.source_lines import internal_frame
-from fxviews.tracing.autograd import HooksNotKept, ModeNotKept, NotKept, ValueReadInFunction
+from fxviews.tracing.autograd import (
+    HooksNotKept,
+    ModeNotKept,
+    NestedNotKept,
+    NotKept,
+    ValueReadInFunction,
+)
 from fxviews.tracing.failures import (
     Failure,
     TracingError,
@@ -120,6 +126,8 @@ def autograd_not_kept(err: NotKept, caller: str, name: str) -> TracingError:
             f"has them, and is traced again once they are removed.",
             "module hooks",
         )
+    if isinstance(err, NestedNotKept):
+        return TracingError(f"{caller} does not trace {name}: it runs {err}.", "tensor kind")
     if isinstance(err, ModeNotKept):
         return TracingError(
             f"{caller} does not trace {name}: it runs an op with {err}.",
