@@ -474,15 +474,7 @@ def _check_returns_no_object_made(fn: Callable[..., Any], returned: Result) -> N
     returns], item 3), or a tensor of a kind no trace runs on (a nested tensor ``fn`` makes
     came back holding the trace's fake offsets): the signature runs eagerly, so each call gets
     its own."""
-    for leaf in returned.leaves:
-        kind = untraced_kind(leaf) if of_type(leaf, torch.Tensor) else None
-        if kind is not None:
-            raise TracingError(
-                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}: it "
-                f"returns {kind}, which a graph of dense strided tensors does not make. It runs "
-                f"eagerly for this signature.",
-                "tensor kind",
-            )
+    _check_traced_kinds(fn, returned.leaves, returned=True)
     if returned.made is not None:
         raise TracingError(
             f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}: it "
@@ -493,16 +485,18 @@ def _check_returns_no_object_made(fn: Callable[..., Any], returned: Result) -> N
         )
 
 
-def _check_traced_kinds(fn: Callable[..., Any], leaves: list[Any]) -> None:
-    """Refuse a call passing a tensor of a kind no trace runs on (quantized, nested, sparse,
-    oneDNN: :func:`~fxviews.tracing.samples.untraced_kind`): that signature runs eagerly."""
+def _check_traced_kinds(fn: Callable[..., Any], leaves: list[Any], returned: bool = False) -> None:
+    """Refuse a call passing (or, ``returned``, a result holding) a tensor of a kind no trace
+    runs on (quantized, nested, sparse, oneDNN: :func:`~fxviews.tracing.samples.untraced_kind`):
+    that signature runs eagerly."""
     for leaf in leaves:
         kind = untraced_kind(leaf) if of_type(leaf, torch.Tensor) else None
         if kind is not None:
+            what = f", which returns {kind}" if returned else f" for {kind} argument"
             raise TracingError(
-                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)} for "
-                f"{kind} argument: a trace runs on dense strided tensors, whose views and "
-                f"layouts it would decide for this one. It runs eagerly for this signature.",
+                f"fxviews.transform does not trace {function_name(fn)}{definition_line(fn)}"
+                f"{what}: a trace runs on dense strided tensors, whose views and layouts it "
+                f"would decide for this one. It runs eagerly for this signature.",
                 "tensor kind",
             )
 
