@@ -536,23 +536,29 @@ def test_e3nn_equivariant_layers() -> None:
 # --- zuko -----------------------------------------------------------------------------------
 
 
-def test_zuko_flow() -> None:
-    """zuko's conditional neural spline flow: ``flow(c)`` is a distribution; Adam on
-    ``-log_prob``, then ``rsample``."""
-    require("zuko")
+def zuko_flow() -> nn.Module:
+    """zuko's conditional neural spline flow, small."""
     import zuko
 
+    return zuko.flows.NSF(features=2, context=3, transforms=2, hidden_features=(8, 8))
+
+
+def test_zuko_flow_forward_runs_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    """``flow(c)`` is a distribution zuko builds on each call, lazily: its transforms call
+    the networks only when ``log_prob`` or ``rsample`` runs. A graph would hand the first call's
+    distribution out for every call, so the transformed forward runs eagerly, says so, and
+    training through it is eager's."""
+    require("zuko")
     g = torch.Generator().manual_seed(9)
     x, c = torch.randn(6, 2, generator=g), torch.randn(6, 3, generator=g)
-
-    def build() -> nn.Module:
-        return zuko.flows.NSF(features=2, context=3, transforms=2, hidden_features=(8, 8))
 
     def use(model: nn.Module) -> Any:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         trail: list[Any] = []
         for _ in range(3):
-            loss = -model(c).log_prob(x).mean()
+            flow = model(c)
+            assert flow is not model(c), "each call builds its own distribution"
+            loss = -flow.log_prob(x).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -560,7 +566,43 @@ def test_zuko_flow() -> None:
         trail.append(model(c).rsample())
         return trail
 
-    assert_library_matches_plain(build, use)
+    with caplog.at_level("WARNING", logger="fxviews"):
+        info = assert_library_matches_plain(zuko_flow, use, graph=False)
+    assert info.eager == 1, info
+    assert "returns a NormalizingFlow it makes on each call" in caplog.text
+
+
+def test_zuko_flow_loss_traced() -> None:
+    """Where zuko's networks run, the negative log-likelihood and a sample, transformed as
+    functions of the data: one graph each, reused through three Adam steps that change the
+    parameters it reads, with eager's losses, parameters and random stream."""
+    require("zuko")
+    g = torch.Generator().manual_seed(9)
+    x, c = torch.randn(6, 2, generator=g), torch.randn(6, 3, generator=g)
+    torch.manual_seed(0)
+    plain = zuko_flow()
+    model = copy.deepcopy(plain)
+
+    def run(flow: nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+        nll = wrap(lambda x, c: -flow(c).log_prob(x).mean())
+        sample = wrap(lambda c: flow(c).rsample())
+        optimizer = torch.optim.Adam(flow.parameters(), lr=1e-2)
+        trail: list[Any] = []
+        torch.manual_seed(1)
+        for _ in range(3):
+            loss = nll(x, c)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            trail.append((loss.detach(), state_of(flow), sample(c), torch.rand(())))
+        return trail, (nll, sample)
+
+    expected, _ = run(plain, lambda fn: fn)
+    actual, transformed = run(model, fxviews.transform)
+    assert_tree_close(actual, expected, rtol=1e-4, atol=1e-5, msg="through transform")
+    for fn in transformed:
+        info = fn.cache_info()
+        assert (info.misses, info.hits, info.eager) == (1, 2, 0), info
 
 
 # --- opacus ---------------------------------------------------------------------------------
