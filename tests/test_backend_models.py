@@ -113,3 +113,24 @@ def test_each_part_of_a_split_graph_compiles_its_backward_with_its_own_metadata(
     forward_first, forward_second, backward_second, backward_first = seen
     assert forward_first != forward_second
     assert (backward_first, backward_second) == (forward_first, forward_second)
+
+
+def test_a_write_functionalization_inverts_wrongly_runs_alone(caplog):
+    """The gain is multiplied in place into gapped windows (``unfold``), whose inverse in
+    functionalization zeroes the features between them. The graph is split around that write,
+    which alone runs as eager PyTorch: the layers before and after it reach the inner
+    compiler, forward and backward. Before, the whole graph ran as eager PyTorch."""
+    recorder = _trained_through_a_recorder("windowed_gain", caplog, "INFO")
+    assert "runs this graph as eager" not in caplog.text
+    assert "every part but the writes 'mul_'" in caplog.text
+    assert len(recorder.graphs) == 4, [gm.code for gm in recorder.graphs]  # 2 parts, fw and bw
+    first, second = ({n.target for n in gm.graph.nodes} for gm in recorder.graphs[:2])
+    assert torch.ops.aten.addmm.default in first and torch.ops.aten.tanh.default in second
+    assert torch.ops.aten.mul.Tensor not in first | second  # the write, eager's alone
+
+
+def test_a_write_run_alone_between_inductor_parts_gives_eagers_numbers():
+    model, make_input = build("windowed_gain")
+    x = make_input(batch=2)
+    compiled = torch.compile(model, backend="fxviews", options={"inner": "inductor"})
+    torch.testing.assert_close(_trained(compiled, x), _trained(model, x))

@@ -5,8 +5,8 @@ what the call returns and on every tensor of the caller's it writes, with the de
 compiler and with Inductor; ``aot_eager`` is asserted wrong on each, so the test would fail
 without the backend's handling. The patterns the backend can give eager's values before
 AOTAutograd are compiled (an ``as_strided`` rewritten into views, windows written in place made
-of slices); the others run Dynamo's graph as eager PyTorch, with a warning naming the node
-(``strict=True`` raises).
+of slices); for the others the graph is split around the write, which alone runs as eager
+PyTorch, with a message naming it (``strict=True`` raises), and the rest compiles.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 import fxviews
 from fxviews.passes.compat.torch_internals import BackendCompilerFailed, reset_dynamo
+from tests.test_backend import Recorder
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -54,7 +55,7 @@ def _aliased():
     return (base, base[1:])
 
 
-#: name: (function, fresh arguments, whether the backend runs Dynamo's graph as eager PyTorch).
+#: name: (function, fresh arguments, whether the backend runs the write alone as eager PyTorch).
 REPORTS = {
     "174371": (overlapping_as_strided_add, lambda: (torch.randn(2, 2, 10),), True),
     "198095": (aliased_input_view, _aliased, True),
@@ -73,21 +74,20 @@ def _run(fn, make):
 @pytest.mark.parametrize("name", REPORTS)
 @pytest.mark.parametrize("inner", ["eager", "inductor"])
 def test_public_report_gives_eagers_numbers(name, inner, caplog):
-    fn, make, runs_eagerly = REPORTS[name]
+    fn, make, runs_alone = REPORTS[name]
     expected = _run(fn, make)
     assert not _gives(torch.compile(fn, backend="aot_eager"), make, expected)  # the report
     reset_dynamo()
-    caplog.set_level(logging.WARNING, logger="fxviews")
+    caplog.set_level(logging.INFO, logger="fxviews")
     compiled = torch.compile(fn, backend="fxviews", options={"inner": inner})
     got = _run(compiled, make)
     for a, b in zip(_flat(got), _flat(expected), strict=True):
         torch.testing.assert_close(a, b)
-    warned = [
-        r.getMessage() for r in caplog.records if "runs this graph as eager" in r.getMessage()
-    ]
-    assert bool(warned) == runs_eagerly, warned
-    if runs_eagerly:
-        assert fn.__name__ in warned[0] and "pytorch #" in warned[0]
+    assert "runs this graph as eager" not in caplog.text  # never the whole graph
+    split = [r.getMessage() for r in caplog.records if "splits this graph" in r.getMessage()]
+    assert bool(split) == runs_alone, split
+    if runs_alone:
+        assert fn.__name__ in split[0] and "pytorch #" in split[0]
 
 
 def _gives(compiled, make, expected) -> bool:
@@ -126,9 +126,101 @@ def test_windows_written_in_place_are_compiled_as_slices(caplog):
     assert any("is now views" in r.getMessage() for r in caplog.records)
 
 
-def test_writes_under_vmap_give_the_per_sample_loops_numbers():
+def overlapping_write_between_work(a, b):
+    """Work before an overlapping write and after it, some of it reading views made before
+    the write (``row``, ``x`` itself): only the write needs eager PyTorch."""
+    x = a * 2
+    row = x[1]
+    x.as_strided((3, 2), (1, 1)).add_(1.0)  # the element pairs share: written twice
+    return (row * b).sum(), x.sin()
+
+
+def unfold_write_between_work(a, b):
+    """Windows of 2 every 4 columns (no slice makes them), written in place mid-graph."""
+    x = torch.tanh(a) + 1
+    x.unfold(1, 2, 4).mul_(b[:, :, None])
+    return x @ a.T
+
+
+#: name: (function, argument shapes (both arguments require grad), the ATen op the write is
+#: functionalized into, which the work around it does not call, and an op of the work before
+#: the write and one after it).
+MID_GRAPH_WRITES = {
+    "overlapping as_strided": (
+        overlapping_write_between_work,
+        ((4, 6), (6,)),
+        ("add.Tensor", "mul.Tensor", "sin.default"),
+    ),
+    "gapped unfold": (
+        unfold_write_between_work,
+        ((3, 10), (3, 3)),
+        ("mul.Tensor", "tanh.default", "mm.default"),
+    ),
+}
+
+
+def _trained(fn, make):
+    """``fn``'s outputs and both arguments' gradients of the sum of its outputs' squares."""
+    a, b = (t.requires_grad_() for t in make())
+    out = fn(a, b)
+    outputs = out if isinstance(out, tuple) else (out,)
+    sum(o.square().sum() for o in outputs).backward()
+    return [o.detach() for o in outputs], a.grad, b.grad
+
+
+@pytest.mark.parametrize("name", MID_GRAPH_WRITES)
+def test_only_the_write_runs_as_eager_pytorch(name, caplog):
+    """The graph is split around a write AOTAutograd inverts wrongly: every other op reaches
+    the inner compiler, forward and backward, the write does not, and outputs and gradients
+    are eager's (aot_eager's are not)."""
+    fn, shapes, (written_op, op_before, op_after) = MID_GRAPH_WRITES[name]
+
+    def make():
+        generator = torch.Generator().manual_seed(0)
+        return [torch.randn(shape, generator=generator) for shape in shapes]
+
+    expected = _trained(fn, make)
+    assert not _close(_trained(torch.compile(fn, backend="aot_eager"), make), expected)
+    reset_dynamo()
+    recorder = Recorder()
+    caplog.set_level(logging.INFO, logger="fxviews")
+    got = _trained(torch.compile(fn, backend=fxviews.backend(inner=recorder)), make)
+    torch.testing.assert_close(got, expected)
+    assert "runs this graph as eager" not in caplog.text
+    assert "splits this graph" in caplog.text and fn.__name__ in caplog.text
+    compiled_ops = [
+        {getattr(n.target, "__name__", "") for n in gm.graph.nodes} for gm in recorder.graphs
+    ]
+    assert len(recorder.graphs) == 4, compiled_ops  # the parts before and after, fw and bw
+    before, after = compiled_ops[:2]
+    assert op_before in before and op_after in after, compiled_ops
+    assert written_op not in before | after, compiled_ops  # the write ran as eager PyTorch
+
+
+@pytest.mark.parametrize("name", MID_GRAPH_WRITES)
+def test_a_split_with_inner_inductor_gives_eagers_numbers(name):
+    fn, shapes, _ = MID_GRAPH_WRITES[name]
+
+    def make():
+        generator = torch.Generator().manual_seed(1)
+        return [torch.randn(shape, generator=generator) for shape in shapes]
+
+    compiled = torch.compile(fn, backend="fxviews", options={"inner": "inductor"})
+    torch.testing.assert_close(_trained(compiled, make), _trained(fn, make))
+
+
+def _close(got, expected) -> bool:
+    try:
+        torch.testing.assert_close(got, expected)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_writes_under_vmap_give_the_per_sample_loops_numbers(caplog):
     """An overlapping as_strided written in place inside vmap, batch dim last: the rewrite makes
-    it an unfold, which AOTAutograd would invert wrongly; Dynamo's graph runs as eager."""
+    it an unfold, which AOTAutograd would invert wrongly. No seam can be cut inside the vmap
+    the graph runs, so Dynamo's graph runs as eager, saying why."""
 
     def bump_pairs(x):
         y = x.clone().as_strided((x.numel() - 1, 2), (1, 1))
@@ -138,7 +230,9 @@ def test_writes_under_vmap_give_the_per_sample_loops_numbers():
     samples = [torch.randn(6) for _ in range(3)]
     expected = torch.stack([bump_pairs(s) for s in samples])
     compiled = torch.compile(torch.func.vmap(bump_pairs, in_dims=1), backend="fxviews")
-    torch.testing.assert_close(compiled(torch.stack(samples, dim=1)), expected)
+    with caplog.at_level(logging.WARNING, logger="fxviews"):
+        torch.testing.assert_close(compiled(torch.stack(samples, dim=1)), expected)
+    assert "runs inside a torch.func transform" in caplog.text
 
 
 def test_gapped_as_strided_windows_written_in_place_are_compiled(caplog):
@@ -173,3 +267,21 @@ def test_aliased_inputs_written_compile_where_no_view_of_them_is_returned(caplog
     got = torch.compile(step, backend="fxviews")(flat[:6], flat[4:])
     torch.testing.assert_close((got, flat), (expected, expected_flat))
     assert not caplog.records
+
+
+def test_a_write_run_alone_into_a_saved_tensor_raises_as_eager_does(caplog):
+    """sigmoid's backward reads its result, which the gapped windows then change: eager's
+    backward raises autograd's version error, and so does the split graph's (the compiled
+    part saved the result), rather than differentiate the changed values."""
+
+    def scaled_windows(a):
+        x = a.sigmoid()
+        x.unfold(1, 2, 4).mul_(3.0)
+        return x.sum()
+
+    a = torch.randn(3, 10, requires_grad=True)
+    caplog.set_level(logging.INFO, logger="fxviews")
+    for fn in (scaled_windows, torch.compile(scaled_windows, backend="fxviews")):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            fn(a).backward()
+    assert "every part but the writes 'mul_'" in caplog.text

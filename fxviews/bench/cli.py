@@ -145,7 +145,8 @@ Time fxviews against the alternatives, every comparison measured side by side in
               and first call
   compiled_models
               whole models (Longformer's sliding-chunk attention, a cache read by chunks, a
-              Toeplitz layer, an im2col convolution, GPT-2 blocks) compiled, eval and a
+              gain written into gapped windows, a Toeplitz layer, an im2col convolution,
+              GPT-2 blocks) compiled, eval and a
               training step: backend="fxviews" with Inductor vs Inductor, with its eager
               inner compiler vs aot_eager, steady state and first compile, median and worst
 

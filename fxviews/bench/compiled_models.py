@@ -12,6 +12,9 @@ the ``as_strided`` calls included where the real code makes them:
 * ``chunked_cache``: keys projected into a buffer padded by one window (a decode step's
   cache) and read back as Longformer-style chunks reaching into the padding: an
   ``as_strided`` the engine keeps, over memory written in place just before.
+* ``windowed_gain``: a learned gain multiplied in place into windows of 4 features every 7
+  (``unfold`` with gaps no slice of the 32 features makes), between two linear layers: a
+  write functionalization inverts wrongly, which runs alone as eager PyTorch.
 * ``toeplitz``: a layer whose weight is a Toeplitz matrix made from its diagonals by
   ``as_strided`` (structured linear layers, long convolutions), between two linear layers.
 * ``im2col``: a convolution written as im2col patches (``as_strided`` with the strides of the
@@ -174,6 +177,22 @@ class ChunkedCache(nn.Module):
         return self.out(mixed.repeat_interleave(w, 1))
 
 
+class WindowedGain(nn.Module):
+    """``linear -> windows of 4 features every 7 scaled in place -> tanh -> linear``: the gain
+    applies to the windows only, the features between them pass unchanged."""
+
+    def __init__(self, width: int = WIDTH, size: int = 4, step: int = 7) -> None:
+        super().__init__()
+        self.size, self.step = size, step
+        self.gain = nn.Parameter(1 + torch.randn((width - size) // step + 1, size) / 4)
+        self.inner, self.outer = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        mixed = self.inner(hidden)
+        mixed.unfold(-1, self.size, self.step).mul_(self.gain)
+        return self.outer(torch.tanh(mixed))
+
+
 class Toeplitz(nn.Module):
     """``linear -> x @ T -> linear``, ``T[i, j] = diagonals[n - 1 - i + j]`` made by
     ``as_strided`` over the flipped diagonals (a Hankel view, flipped back)."""
@@ -274,6 +293,7 @@ class CompiledModel:
 COMPILED_MODELS: dict[str, CompiledModel] = {
     "longformer": CompiledModel(Longformer, (TOKENS, WIDTH)),
     "chunked_cache": CompiledModel(ChunkedCache, (TOKENS, WIDTH)),
+    "windowed_gain": CompiledModel(WindowedGain, (TOKENS, WIDTH)),
     "toeplitz": CompiledModel(Toeplitz, (64,)),
     "im2col": CompiledModel(Im2colConv, (3, 12, 12)),
     "gpt2": CompiledModel(GPT2, (TOKENS, WIDTH)),

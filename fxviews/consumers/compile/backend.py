@@ -37,7 +37,7 @@ from fxviews.consumers.compile.dynamo_stage import (
     prepare_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
-from fxviews.consumers.compile.graph_splits import split_before
+from fxviews.consumers.compile.graph_splits import split_around
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
 from fxviews.consumers.compile.mode_regions import ModeRegions
 from fxviews.consumers.compile.output_layouts import pin_output_layouts
@@ -46,6 +46,7 @@ from fxviews.passes.compat.torch_internals import CompileContext, dynamo_signals
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry.symbolic import guards_allowed
+from fxviews.passes.source_lines import describe_node
 from fxviews.rewriting.printouts import logger, report_rewrite
 from fxviews.rewriting.steps import rewrite_in_place
 from fxviews.tracing.failures import first_line
@@ -275,7 +276,7 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
             subclass = _plain_subclass_inputs(example_inputs)
             if subclass is not None:
                 return _run_dynamo_graph(gm, name, strict, subclass)
-            if prepared.runs_eagerly is not None and (strict or not prepared.split_before):
+            if prepared.runs_eagerly is not None and (strict or not prepared.splits):
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
             if pin_outputs:
                 for pinned in pin_output_layouts(gm):
@@ -283,15 +284,20 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
             if prepared.runs_eagerly is None:
                 lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
                 return with_storage_checks(lowered, prepared.storage_needs)
+            alone = ", ".join(describe_node(n) for n in prepared.run_alone)
             logger.info(
-                "backend=%r splits this graph before the node, as a graph break would, and "
-                "compiles both parts: %s",
+                "backend=%r splits this graph around the nodes AOTAutograd would get wrong, as "
+                "a graph break would, and compiles %s: %s",
                 name,
+                f"every part but the writes {alone}, run as eager PyTorch"
+                if alone
+                else "each part",
                 prepared.runs_eagerly,
             )
-            split = split_before(
+            split = split_around(
                 gm,
                 prepared.split_before,
+                prepared.run_alone,
                 lambda part, inputs: _lowered(compile_fn, part, inputs, name, strict),
             )
             return with_storage_checks(split.forward, prepared.storage_needs)

@@ -72,6 +72,7 @@ import torch.fx
 
 from fxviews.consumers.compile.batched_backwards import pin_candidates, pin_windows
 from fxviews.consumers.compile.dynamo_values import DynamoValues, assign_values, clear_values
+from fxviews.consumers.compile.graph_splits import inside_transforms
 from fxviews.consumers.compile.storage_bounds import StorageNeed, storage_needs
 from fxviews.consumers.compile.write_hazards import node_storage, write_hazard
 from fxviews.consumers.compile.written_windows import rewrite_written_windows
@@ -90,13 +91,20 @@ from fxviews.rewriting.steps import RewriteResult, rewrite_in_place
 @dataclasses.dataclass(frozen=True)
 class PreparedGraph:
     """Dynamo's graph after the first stage: why it cannot go to AOTAutograd whole (None: it
-    can), the nodes before which it is split instead (empty: it runs as eager PyTorch whole;
-    Note [Splitting before kept reads of written memory]), and the storage each kept
-    as_strided needs of a graph input."""
+    can), the nodes it is split around instead (Note [Splitting the graph around what
+    AOTAutograd gets wrong]: kept reads of written memory it is split before, writes that run
+    alone as eager PyTorch; neither: it runs as eager PyTorch whole), and the storage each
+    kept as_strided needs of a graph input."""
 
     runs_eagerly: str | None
     storage_needs: list[StorageNeed]
     split_before: tuple[torch.fx.Node, ...] = ()
+    run_alone: tuple[torch.fx.Node, ...] = ()
+
+    @property
+    def splits(self) -> bool:
+        """Whether the graph is split around the nodes AOTAutograd would get wrong."""
+        return bool(self.split_before or self.run_alone)
 
 
 def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> PreparedGraph:
@@ -123,11 +131,14 @@ def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> P
         )
     hazard = write_hazard(gm)
     needs, past_storage = storage_needs(gm)
-    if hazard is not None and not hazard.split_before:
-        return PreparedGraph(hazard.reason, needs)
-    if past_storage is not None or hazard is None:
+    if hazard is None:
         return PreparedGraph(past_storage, needs)
-    return PreparedGraph(hazard.reason, needs, hazard.split_before)
+    if past_storage is not None:  # a read past the storage: no split makes it eager's
+        return PreparedGraph(hazard.reason, needs)
+    unsplittable = inside_transforms(gm, [*hazard.split_before, *hazard.run_alone])
+    if unsplittable is not None:
+        return PreparedGraph(f"{hazard.reason}; {unsplittable}", needs)
+    return PreparedGraph(hazard.reason, needs, hazard.split_before, hazard.run_alone)
 
 
 def rewrite_dynamo_graph(gm: torch.fx.GraphModule, strict: bool) -> RewriteResult | None:

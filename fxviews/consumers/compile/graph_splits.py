@@ -1,44 +1,55 @@
-"""Split Dynamo's graph where AOTAutograd would read a kept node's memory wrong, as a graph
-break would split it, instead of running the whole graph as eager PyTorch.
+"""Split Dynamo's graph around the nodes AOTAutograd would give other numbers than eager, as
+a graph break would split it, instead of running the whole graph as eager PyTorch.
 
-Note [Splitting before kept reads of written memory]
-----------------------------------------------------
-An ``as_strided`` the engine keeps that reads memory written in place earlier in the graph
-must not reach AOTAutograd with the write (Note [In-place writes AOTAutograd gets wrong]):
-functionalization hands it the written tensor's updated copy, whose layout is its own, so the
-compiled node reads other memory than eager's. Running the whole graph as eager PyTorch for
-that one node costs every other op its compilation (HF Longformer's attention: 3.7x Inductor's
-time). Across a graph break the problem is gone: the memory is the next graph's *input*, a
-real tensor whose layout is a fact, and nothing in that graph wrote it. So the graph is split
-there, and every part compiles:
+Note [Splitting the graph around what AOTAutograd gets wrong]
+-------------------------------------------------------------
+Two kinds of node must not reach AOTAutograd with the rest of their graph (Note [In-place
+writes AOTAutograd gets wrong]): an ``as_strided`` the engine keeps that reads memory written
+in place earlier in the graph (functionalization hands it the written tensor's updated copy,
+whose layout is its own), and a write whose functionalized inverse is not exact (through an
+overlapping view, an ``unfold``, a kept ``as_strided``, into graph inputs that alias each
+other). Running the whole graph as eager PyTorch for one node costs every other op its
+compilation (HF Longformer's attention: 3.7x Inductor's time). Across a graph break the
+problem is gone: the memory is the next graph's *input*, a real tensor whose layout is a
+fact, and nothing in that graph wrote it. So the graph is split there, and every part but
+the writes compiles:
 
 1. **Where.** Right before each such node, after a copy of the view ops between it and the
-   memory it reads (up its first arguments while they share its storage, stopping at a write
-   or at the node that made the memory: the *root*). The next part receives the root itself,
-   not a view of it the previous part made, so the node reads the root's memory as eager
-   does; the original views stay for their other users (views read no values: computing them
-   later changes nothing).
+   memory it reads or writes (up its first arguments while they share its storage, stopping
+   at a write or at the node that made the memory: the *root*). The part receives the root
+   itself, not a view of it the previous part made, so the node reads and writes the root's
+   memory as eager does; the original views stay for their other users (views read no
+   values: computing them later changes nothing). A write gets a part of its own, ended
+   right after it.
 2. **How.** ``torch.fx.passes.split_module`` keeps the graph's order: a write and the reads
-   around it stay in their order, as in eager. Each part is lowered by the backend's own
-   lowering (AOTAutograd, the engine, the inner compiler) with the example values Dynamo
-   recorded for its inputs, and autograd joins the parts as it joins the graphs of a graph
-   break (each lowering in a tracing context of its own, whose metadata its backward
-   compile reads back). In the part that reads it, the node is proven against its input's
-   layout by the engine like any other (a chain of views where one exists), and a part whose
-   lowering fails runs as eager PyTorch alone.
+   around it stay in their order, as in eager. A write's part runs as Python, eager PyTorch
+   op by op, on the parts' real tensors: what it writes, every later part reads as its input,
+   and what the earlier parts returned of that memory are views AOTAutograd made of it (it
+   regenerates an output that aliases an input or another output from it). Every other part
+   is lowered by the backend's own lowering (AOTAutograd, the engine, the inner compiler)
+   with the example values Dynamo recorded for its inputs, and autograd joins the parts as it
+   joins the graphs of a graph break (each lowering in a tracing context of its own, whose
+   metadata its backward compile reads back). In the part that reads it, a kept node is
+   proven against its input's layout by the engine like any other (a chain of views where
+   one exists), and a part whose lowering fails runs as eager PyTorch alone. A compiled part
+   saves for its backward what AOTAutograd's partitioner picks: a write run alone that
+   changes a tensor it saved makes the backward raise autograd's "modified by an inplace
+   operation", never other numbers (the saved tensor's version counter is checked).
 3. **Eager's memory at the seam.** The root's memory must be laid out as eager lays it: where
    its traced layout is not eager's it is pinned to eager's in the graph before the split
    (Note [Outputs in eager's layout]), and the previous part returns it so (Inductor keeps its
    outputs' traced strides; the next part's compiled code asserts its inputs' strides).
+4. **Not inside a transform.** No seam is cut inside a ``torch.func`` transform the graph
+   runs (between ``_vmap_increment_nesting`` and its decrement, or grad's or jvp's): the
+   tensors there are wrapped for the transform's level. Such a graph runs as eager PyTorch
+   whole (:func:`inside_transforms` says why).
 
-A graph whose hazard is not such a read (a write through a view whose inverse is wrong,
-aliased inputs) still runs as eager PyTorch whole, saying why.
-
-Cost: a compiled call per part (AOTAutograd's wrappers, a few microseconds each on CPU).
+Cost: a compiled call per part (AOTAutograd's wrappers, a few microseconds each on CPU), and
+the writes' ops, dispatched one by one as eager dispatches them.
 
 Example::
 
-    >>> split = split_before(gm, [kept_as_strided], lower)   # lower(gm, example_inputs)
+    >>> split = split_around(gm, [kept_as_strided], [], lower)   # lower(gm, example_inputs)
     >>> [name for name, _ in split.named_children()]
     ['submod_0', 'submod_1']
 """
@@ -55,50 +66,89 @@ from fxviews.consumers.compile.output_layouts import pin_eager_layouts
 from fxviews.consumers.compile.write_hazards import node_storage, written_nodes
 from fxviews.passes.analysis.as_strided_calls import bind_as_strided
 from fxviews.passes.compat.torch_internals import own_tracing_context, split_module
+from fxviews.passes.source_lines import describe_node
 
 #: Lowers one compiled partition: ``lower(partition, example_inputs)`` returns its function.
 Lower = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
-def split_before(
-    gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], lower: Lower
+def split_around(
+    gm: torch.fx.GraphModule,
+    kept_reads: Sequence[torch.fx.Node],
+    writes: Sequence[torch.fx.Node],
+    lower: Lower,
 ) -> torch.fx.GraphModule:
-    """``gm`` split right before each of ``nodes`` (kept reads of written memory, see the Note),
-    each part lowered by ``lower``; ``gm`` is edited in place first (view copies, pinned
-    roots)."""
+    """``gm`` split right before each of ``kept_reads`` (kept as_strided reads of written
+    memory) and around each of ``writes`` (writes AOTAutograd inverts wrongly), see the Note:
+    the writes' parts run as Python, every other part is lowered by ``lower``. ``gm`` is
+    edited in place first (view copies, pinned roots)."""
     cuts: set[torch.fx.Node] = set()
+    alone: set[torch.fx.Node] = set()
     roots = []
-    for node in nodes:
-        first, root = _copy_view_chain(gm.graph, node)
+    for node in [*kept_reads, *writes]:
+        source = bind_as_strided(node)["self"] if node in kept_reads else written_nodes(node)[0]
+        assert isinstance(source, torch.fx.Node)
+        first, root = _copy_view_chain(gm.graph, node, source)
         cuts.add(first)
+        if node in writes:
+            alone.update(_nodes_from(first, node))
+            if node.next.op != "output":
+                cuts.add(node.next)
         if root.op != "placeholder":
             roots.append(root)
     gm.recompile()
     pin_eager_layouts(gm, roots)
     examples = {n.name: n.meta.get("example_value") for n in gm.graph.nodes}
     part: dict[torch.fx.Node, int] = {}
+    eager_parts: set[int] = set()
     current = 0
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "output"):
             current += node in cuts and bool(part)
             part[node] = current
+            if node in alone:
+                eager_parts.add(current)
     split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
     for call in split.graph.find_nodes(op="call_module"):
         submodule = split.get_submodule(str(call.target))
         assert isinstance(submodule, torch.fx.GraphModule)
+        if int(str(call.target).removeprefix("submod_")) in eager_parts:
+            continue  # a write's part: its Python code, eager PyTorch op by op
         inputs = [examples[p.name] for p in submodule.graph.find_nodes(op="placeholder")]
         setattr(split, str(call.target), _Lowered(submodule, inputs, lower))
     return split
 
 
+def inside_transforms(gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node]) -> str | None:
+    """The first of ``nodes`` that lies inside a ``torch.func`` transform Dynamo traced
+    (between its ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting`` calls, or grad's
+    or jvp's), in words; None where none does. No seam can be cut there: the tensors inside
+    are wrapped for the transform's level, which exists only while the graph runs it."""
+    depth = 0
+    wanted = set(nodes)
+    for node in gm.graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        depth += name.endswith("_increment_nesting") - name.endswith("_decrement_nesting")
+        if node in wanted and depth > 0:
+            return f"{describe_node(node)} runs inside a torch.func transform of the graph"
+    return None
+
+
+def _nodes_from(first: torch.fx.Node, last: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes from ``first`` to ``last``, both included, in graph order."""
+    nodes = [first]
+    while nodes[-1] is not last:
+        nodes.append(nodes[-1].next)
+    return nodes
+
+
 def _copy_view_chain(
-    graph: torch.fx.Graph, node: torch.fx.Node
+    graph: torch.fx.Graph, node: torch.fx.Node, source: torch.fx.Node
 ) -> tuple[torch.fx.Node, torch.fx.Node]:
-    """Copies, right before ``node``, of the views between its input and the root of the
-    memory it reads (see Note, 1), ``node`` reading the last copy: the first node of the part
-    that reads the memory (the first copy, or ``node`` itself), and the root."""
-    source = bind_as_strided(node)["self"]
-    assert isinstance(source, torch.fx.Node)
+    """Copies, right before ``node``, of the views between ``source``, the tensor it reads or
+    writes, and the root of its memory (see Note, 1), ``node`` taking the last copy: the
+    first node of the part that reads or writes the memory (the first copy, or ``node``
+    itself), and the root."""
     chain = []
     current = source
     storage = node_storage(current)

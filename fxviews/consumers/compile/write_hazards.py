@@ -28,15 +28,17 @@ The first stage removes the patterns it can before AOTAutograd: an ``as_strided`
 a chain of views whose inverses are exact (the last report, and writes through a gapped or
 strided ``as_strided``). What remains is found here, on Dynamo's graph after the first stage,
 from the calls (in-place methods, ``x[i] = v``, ``+=``, ``out=``, ``inplace=True``) and their
-example values (which tensors share storage, which views overlap). For such a graph the backend
-runs Dynamo's graph as Python instead: eager PyTorch op by op, as ``backend="eager"`` does and
-as ``fxviews.transform`` runs the ops it records, so it gives eager's numbers
-(``strict=True`` raises instead, naming the node).
+example values (which tensors share storage, which views overlap). Such a write runs as Python
+instead, eager PyTorch op by op as ``backend="eager"`` runs it, in a part of the graph of its
+own; the rest compiles (Note [Splitting the graph around what AOTAutograd gets wrong]). Where
+no seam can be cut (the write lies inside a ``torch.func`` transform the graph runs) the whole
+graph runs so, and ``strict=True`` raises instead of running anything eagerly, naming the node.
 
 Example::
 
     >>> write_hazard(gm)   # gm: Dynamo's graph of x.unfold(1, 1, 5).add_(...)
-    "'add_' (repro.py:3, in fn) writes in place through unfold 'v', whose inverse ..."
+    Hazard(reason="'add_' (repro.py:3, in fn) writes in place through unfold 'v', whose ...",
+           split_before=(), run_alone=(add_,))
 """
 
 from __future__ import annotations
@@ -80,57 +82,66 @@ _NOT_WRITES = frozenset({"requires_grad_", "retain_grad", "share_memory_", "reco
 @dataclass(frozen=True)
 class Hazard:
     """Why AOTAutograd would give a graph other numbers than eager (``reason``, naming the
-    node), and the kept as_strided nodes reading written memory that alone would: split
-    before them, every part compiles (Note [Splitting before kept reads of written memory];
-    empty: the graph runs as eager PyTorch whole)."""
+    first node), and the nodes that alone would, around which the graph is split so that
+    every other part compiles (Note [Splitting the graph around what AOTAutograd gets
+    wrong]): kept as_strided nodes reading written memory (``split_before``) and writes to run
+    as eager PyTorch in a part of their own (``run_alone``)."""
 
     reason: str
     split_before: tuple[torch.fx.Node, ...] = ()
+    run_alone: tuple[torch.fx.Node, ...] = ()
 
 
 def write_hazard(gm: torch.fx.GraphModule) -> Hazard | None:
     """Why AOTAutograd would give ``gm`` (Dynamo's graph, after the first stage) other numbers
-    than eager, naming the node; None where it would not (see the Note). A kept as_strided
-    reading memory written before it is a hazard of its own: it alone reads the updated
-    tensor's layout, and past a split before it reads eager's memory (``split_before``)."""
+    than eager, naming the node, and the nodes that would; None where it would not (see the
+    Note)."""
     writes = [(node, target) for node in gm.graph.nodes for target in written_nodes(node)]
     if not writes:  # most graphs: nothing to look at
         return None
     storage = {n: node_storage(n) for n in gm.graph.nodes}
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    reasons: list[str] = []
+    run_alone: dict[torch.fx.Node, None] = {}  # in graph order, once each
     written: dict[int, torch.fx.Node] = {}  # storage -> its first writer
     for node, target in writes:
         why = _through_a_view(node, target, storage)
         if why is not None:
-            return Hazard(why)
+            reasons.append(why)
+            run_alone[node] = None
         target_storage = storage.get(target)
         if target_storage is not None:
             written.setdefault(target_storage, node)
     aliased = _aliased_inputs(gm.graph, storage)
     returned = {storage.get(n) for n in gm.graph.output_node().all_input_nodes}
+    for sid in aliased.keys() & written.keys() & returned:
+        reasons.append(
+            f"graph inputs {aliased[sid]} share memory, {describe_node(written[sid])} "
+            "writes it in place and the graph returns a view of it: AOTAutograd merges "
+            "them into a synthetic base and regenerates that view from the other input "
+            "(pytorch #198095)"
+        )
+        run_alone.update((n, None) for n, t in writes if storage.get(t) == sid)
     reads: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (kept as_strided, earlier writer)
     for node in gm.graph.nodes:
-        sid = storage.get(node)
-        if node.op == "placeholder" and sid in aliased and sid in written and sid in returned:
-            return Hazard(
-                f"graph inputs {aliased[sid]} share memory, {describe_node(written[sid])} "
-                "writes it in place and the graph returns a view of it: AOTAutograd merges "
-                "them into a synthetic base and regenerates that view from the other input "
-                "(pytorch #198095)"
-            )
         source = node.args[0] if node.args else None
         source_storage = storage.get(source) if isinstance(source, torch.fx.Node) else None
         writer = written.get(source_storage) if source_storage is not None else None
         if as_strided_op(node) is not None and writer and position[writer] < position[node]:
             reads.append((node, writer))
-    if not reads:
+    if reads:
+        node, writer = reads[0]
+        reasons.append(
+            f"{describe_node(node)} stays an as_strided and reads memory {describe_node(writer)} "
+            "wrote in place: AOTAutograd's updated tensor has its own strides, not the written "
+            "one's (pytorch #133512)"
+        )
+    if not reasons:
         return None
-    node, writer = reads[0]
     return Hazard(
-        f"{describe_node(node)} stays an as_strided and reads memory {describe_node(writer)} "
-        "wrote in place: AOTAutograd's updated tensor has its own strides, not the written "
-        "one's (pytorch #133512)",
+        reasons[0],
         tuple(n for n, _ in reads),
+        tuple(sorted(run_alone, key=position.__getitem__)),
     )
 
 
