@@ -217,22 +217,36 @@ def _close(got, expected) -> bool:
     return True
 
 
+def bump_pairs(x):
+    """An overlapping as_strided of a sample written in place: pairs of neighbours bumped."""
+    y = x.clone().as_strided((x.numel() - 1, 2), (1, 1))
+    y.add_(1.0)
+    return y.sum(-1)
+
+
 def test_writes_under_vmap_give_the_per_sample_loops_numbers(caplog):
     """An overlapping as_strided written in place inside vmap, batch dim last: the rewrite makes
     it an unfold, which AOTAutograd would invert wrongly. No seam can be cut inside the vmap
-    the graph runs, so Dynamo's graph runs as eager, saying why."""
+    the graph runs, so the vmap runs as eager PyTorch, and the work around it compiles."""
 
-    def bump_pairs(x):
-        y = x.clone().as_strided((x.numel() - 1, 2), (1, 1))
-        y.add_(1.0)
-        return y.sum(-1)
+    def project_bump_squash(x, w):
+        return torch.func.vmap(bump_pairs, in_dims=1)(x @ w).tanh()
 
-    samples = [torch.randn(6) for _ in range(3)]
-    expected = torch.stack([bump_pairs(s) for s in samples])
-    compiled = torch.compile(torch.func.vmap(bump_pairs, in_dims=1), backend="fxviews")
-    with caplog.at_level(logging.WARNING, logger="fxviews"):
-        torch.testing.assert_close(compiled(torch.stack(samples, dim=1)), expected)
-    assert "runs inside a torch.func transform" in caplog.text
+    recorder = Recorder()
+    samples, w = torch.randn(6, 3), torch.randn(3, 3)
+    expected = torch.stack([bump_pairs(s) for s in (samples @ w).unbind(1)]).tanh()
+    compiled = torch.compile(project_bump_squash, backend=fxviews.backend(inner=recorder))
+    with caplog.at_level(logging.INFO, logger="fxviews"):
+        torch.testing.assert_close(compiled(samples, w), expected)
+    assert "runs this graph as eager" not in caplog.text
+    assert "every part but those of 'add_'" in caplog.text
+    before, after = ({_name(n) for n in gm.graph.nodes} for gm in recorder.graphs)
+    assert "mm.default" in before and "tanh.default" in after
+    assert "add.Tensor" not in before | after
+
+
+def _name(node: torch.fx.Node) -> str:
+    return getattr(node.target, "__name__", "")
 
 
 def test_gapped_as_strided_windows_written_in_place_are_compiled(caplog):
@@ -284,4 +298,4 @@ def test_a_write_run_alone_into_a_saved_tensor_raises_as_eager_does(caplog):
     for fn in (scaled_windows, torch.compile(scaled_windows, backend="fxviews")):
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             fn(a).backward()
-    assert "every part but the writes 'mul_'" in caplog.text
+    assert "every part but those of 'mul_'" in caplog.text

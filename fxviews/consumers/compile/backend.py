@@ -37,7 +37,7 @@ from fxviews.consumers.compile.dynamo_stage import (
     prepare_dynamo_graph,
     unfold_backward_traced_per_sample,
 )
-from fxviews.consumers.compile.graph_splits import split_around
+from fxviews.consumers.compile.graph_splits import split_around, transform_regions
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
 from fxviews.consumers.compile.mode_regions import ModeRegions
 from fxviews.consumers.compile.output_layouts import pin_output_layouts
@@ -284,13 +284,15 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
             if prepared.runs_eagerly is None:
                 lowered = _lowered(compile_fn, gm, example_inputs, name, strict)
                 return with_storage_checks(lowered, prepared.storage_needs)
-            alone = ", ".join(describe_node(n) for n in prepared.run_alone)
+            regions = transform_regions(gm)
+            eager = [*prepared.run_alone, *(n for n in prepared.split_before if n in regions)]
             logger.info(
                 "backend=%r splits this graph around the nodes AOTAutograd would get wrong, as "
                 "a graph break would, and compiles %s: %s",
                 name,
-                f"every part but the writes {alone}, run as eager PyTorch"
-                if alone
+                f"every part but those of {', '.join(describe_node(n) for n in eager)} (with "
+                "any torch.func transform around them), run as eager PyTorch"
+                if eager
                 else "each part",
                 prepared.runs_eagerly,
             )

@@ -72,7 +72,6 @@ import torch.fx
 
 from fxviews.consumers.compile.batched_backwards import pin_candidates, pin_windows
 from fxviews.consumers.compile.dynamo_values import DynamoValues, assign_values, clear_values
-from fxviews.consumers.compile.graph_splits import inside_transforms
 from fxviews.consumers.compile.storage_bounds import StorageNeed, storage_needs
 from fxviews.consumers.compile.write_hazards import node_storage, write_hazard
 from fxviews.consumers.compile.written_windows import rewrite_written_windows
@@ -135,9 +134,6 @@ def prepare_dynamo_graph(gm: torch.fx.GraphModule, strict: bool, name: str) -> P
         return PreparedGraph(past_storage, needs)
     if past_storage is not None:  # a read past the storage: no split makes it eager's
         return PreparedGraph(hazard.reason, needs)
-    unsplittable = inside_transforms(gm, [*hazard.split_before, *hazard.run_alone])
-    if unsplittable is not None:
-        return PreparedGraph(f"{hazard.reason}; {unsplittable}", needs)
     return PreparedGraph(hazard.reason, needs, hazard.split_before, hazard.run_alone)
 
 

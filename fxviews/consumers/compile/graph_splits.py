@@ -39,10 +39,12 @@ the writes compiles:
    its traced layout is not eager's it is pinned to eager's in the graph before the split
    (Note [Outputs in eager's layout]), and the previous part returns it so (Inductor keeps its
    outputs' traced strides; the next part's compiled code asserts its inputs' strides).
-4. **Not inside a transform.** No seam is cut inside a ``torch.func`` transform the graph
-   runs (between ``_vmap_increment_nesting`` and its decrement, or grad's or jvp's): the
-   tensors there are wrapped for the transform's level. Such a graph runs as eager PyTorch
-   whole (:func:`inside_transforms` says why).
+4. **Around a transform.** No seam is cut inside a ``torch.func`` transform the graph runs
+   (between ``_vmap_increment_nesting`` and its decrement, or grad's or jvp's): the tensors
+   there are wrapped for the transform's level, which exists only while the graph runs it.
+   A node there that must leave the compiler takes the whole outermost transform around it
+   along (:func:`transform_regions`): that transform runs as eager PyTorch, the rest of the
+   graph compiles.
 
 Cost: a compiled call per part (AOTAutograd's wrappers, a few microseconds each on CPU), and
 the writes' ops, dispatched one by one as eager dispatches them.
@@ -66,7 +68,6 @@ from fxviews.consumers.compile.output_layouts import pin_eager_layouts
 from fxviews.consumers.compile.write_hazards import node_storage, written_nodes
 from fxviews.passes.analysis.as_strided_calls import bind_as_strided
 from fxviews.passes.compat.torch_internals import own_tracing_context, split_module
-from fxviews.passes.source_lines import describe_node
 
 #: Lowers one compiled partition: ``lower(partition, example_inputs)`` returns its function.
 Lower = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
@@ -85,7 +86,13 @@ def split_around(
     cuts: set[torch.fx.Node] = set()
     alone: set[torch.fx.Node] = set()
     roots = []
+    regions = transform_regions(gm)
     for node in [*kept_reads, *writes]:
+        if node in regions:  # the transform around it runs as eager PyTorch (see Note, 4)
+            first, last = regions[node]
+            alone.update(_nodes_from(first, last))
+            cuts.update(n for n in (first, last.next) if n.op != "output")
+            continue
         source = bind_as_strided(node)["self"] if node in kept_reads else written_nodes(node)[0]
         assert isinstance(source, torch.fx.Node)
         first, root = _copy_view_chain(gm.graph, node, source)
@@ -119,19 +126,28 @@ def split_around(
     return split
 
 
-def inside_transforms(gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node]) -> str | None:
-    """The first of ``nodes`` that lies inside a ``torch.func`` transform Dynamo traced
-    (between its ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting`` calls, or grad's
-    or jvp's), in words; None where none does. No seam can be cut there: the tensors inside
-    are wrapped for the transform's level, which exists only while the graph runs it."""
+def transform_regions(
+    gm: torch.fx.GraphModule,
+) -> dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]]:
+    """Each node of ``gm`` inside a ``torch.func`` transform Dynamo traced, with the first and
+    last node of the outermost transform around it (its ``_vmap_increment_nesting`` and
+    ``_vmap_decrement_nesting`` calls, or grad's or jvp's)."""
     depth = 0
-    wanted = set(nodes)
+    inside: list[torch.fx.Node] = []
+    regions: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
     for node in gm.graph.nodes:
+        if node.op == "output":
+            break
         name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
         depth += name.endswith("_increment_nesting") - name.endswith("_decrement_nesting")
-        if node in wanted and depth > 0:
-            return f"{describe_node(node)} runs inside a torch.func transform of the graph"
-    return None
+        if depth > 0 or inside:
+            inside.append(node)
+        if depth == 0 and inside:
+            regions.update((n, (inside[0], node)) for n in inside)
+            inside = []
+    # A transform the graph does not close (Dynamo always closes its own) lasts to the end.
+    regions.update((n, (inside[0], inside[-1])) for n in inside)
+    return regions
 
 
 def _nodes_from(first: torch.fx.Node, last: torch.fx.Node) -> list[torch.fx.Node]:
