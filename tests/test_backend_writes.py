@@ -142,6 +142,15 @@ def unfold_write_between_work(a, b):
     return x @ a.T
 
 
+def write_under_no_grad_between_work(a, b):
+    """The write, and a read after it, under ``no_grad`` (a seam inside a grad-mode region)."""
+    x = a.sinh()
+    with torch.no_grad():
+        x.unfold(1, 2, 4).add_(b[:, :, None])
+        y = x.cos()
+    return x.sin() * y
+
+
 #: name: (function, argument shapes (both arguments require grad), the ATen op the write is
 #: functionalized into, which the work around it does not call, and an op of the work before
 #: the write and one after it).
@@ -155,6 +164,11 @@ MID_GRAPH_WRITES = {
         unfold_write_between_work,
         ((3, 10), (3, 3)),
         ("mul.Tensor", "tanh.default", "mm.default"),
+    ),
+    "under no_grad": (
+        write_under_no_grad_between_work,
+        ((3, 10), (3, 3)),
+        ("add.Tensor", "sinh.default", "cos.default"),
     ),
 }
 
