@@ -97,16 +97,17 @@ device-wheels:
 		--implementation py --abi none --platform any -d .device-wheels $(DEVICE_WHEELS)
 
 # `make fuzz`: every property of the geometry, pass-differential and symbolic suites draws
-# FUZZ_EXAMPLES random cases (8 properties: 24k at the default) and the fixed differential
-# corpora run too. `make test` draws 300 per property (100 for the symbolic one, whose traces
-# are slow; under CI=1, the same ones on every run). The tests that sweep PyTorch's OpInfo
+# FUZZ_EXAMPLES random cases (8 properties: 24k at the default; the backend's random writes
+# draw a fifth of that, each a compile) and the fixed differential corpora run too. `make test`
+# draws 300 per property (100 for the symbolic one, whose traces are slow; 12 of the backend's
+# writes; under CI=1, the same ones on every run). The tests that sweep PyTorch's OpInfo
 # and ModuleInfo databases take part of them in `make test` (a fixed share of the ops, each
 # module's first sample) and all of them here (FXVIEWS_WHOLE_DATABASES=1, tests/databases.py).
 FUZZ_EXAMPLES ?= 3000
 FUZZ_TESTS := tests/test_geometry.py tests/test_pass_differential.py \
 	tests/test_engine_differential.py tests/test_opinfo_views.py \
 	tests/test_symbolic_properties.py tests/test_opinfo_transform.py \
-	tests/test_opinfo_steps.py tests/test_export_modules.py
+	tests/test_opinfo_steps.py tests/test_export_modules.py tests/test_backend_writes.py
 
 fuzz: setup
 	FXVIEWS_EXAMPLES=$(FUZZ_EXAMPLES) FXVIEWS_WHOLE_DATABASES=1 $(PY) -m pytest -q \
