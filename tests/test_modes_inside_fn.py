@@ -250,3 +250,67 @@ def test_a_default_dtype_fn_leaves_set_is_refused_then_traced_in_it():
         assert tf.cache_info().eager == 1 and tf.cache_info().currsize == 2
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def project_then_factory_in_float64(x, w):
+    """Work in the caller's settings, then a factory under a default dtype set inside."""
+    h = torch.tanh(x @ w)
+    with _default_dtype(torch.float64):
+        offsets = torch.linspace(0, 1, h.shape[-1], device=x.device)
+    return h.sum(0) + offsets
+
+
+def sets_and_leaves_it_set_after_work(x, w):
+    """Work, then a default dtype set and never undone."""
+    h = torch.tanh(x @ w)
+    torch.set_default_dtype(torch.float64)
+    return h + torch.ones(h.shape[-1], device=x.device)
+
+
+def test_the_backend_compiles_a_graph_up_to_a_setting_changed_inside(caplog):
+    """AOTAutograd would make the factory in the caller's default dtype. The graph is compiled
+    up to the node that sets it (the projection reaches the inner compiler, forward and
+    backward) and runs as eager PyTorch from there: eager's dtype, values and gradients."""
+    from tests.test_backend import Recorder
+
+    x, w = randn(5, 3), randn(3, 4)
+
+    def run(fn):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(xs, ws)
+        out.sum().backward()
+        return out, xs.grad, ws.grad
+
+    expected = run(project_then_factory_in_float64)
+    recorder = Recorder()
+    compiled = torch.compile(
+        project_then_factory_in_float64, backend=fxviews.backend(inner=recorder)
+    )
+    with caplog.at_level(logging.INFO, logger="fxviews"):
+        got = run(compiled)
+    assert got[0].dtype == expected[0].dtype == torch.float64
+    assert_tree_close(got, expected)
+    assert "compiles this graph up to 'set_default_dtype'" in caplog.text
+    assert "runs this graph as eager" not in caplog.text
+    forward_ops = {getattr(n.target, "__name__", "") for n in recorder.graphs[-2].graph.nodes}
+    assert "mm.default" in forward_ops and "linspace.default" not in forward_ops
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_setting_left_changed_runs_the_graph_eagerly(caplog):
+    """A setting the graph does not restore: compiling part of it again would happen in the
+    setting its lowering left, so the whole graph runs as eager PyTorch, as eager's."""
+    x, w = randn(5, 3), randn(3, 4)
+    try:
+        expected = sets_and_leaves_it_set_after_work(x, w)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    try:
+        with caplog.at_level(logging.INFO, logger="fxviews"):
+            got = torch.compile(sets_and_leaves_it_set_after_work, backend="fxviews")(x, w)
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert_tree_close(got, expected)
+    assert got.dtype == torch.float64
+    assert "runs this graph as eager" in caplog.text

@@ -715,6 +715,19 @@ def dynamo_signals() -> tuple[type[BaseException], ...]:
     return (exc.TorchDynamoException, *exc.exceptions_allowed_to_be_fallback)
 
 
+def frame_entry_settings_hold() -> bool:
+    """Whether the process settings are those of the frame Dynamo is compiling when it started
+    (grad and autocast modes, the default dtype, deterministic algorithms, matmul precision,
+    ...): Dynamo runs the setters of the frame while it traces (``torch.set_default_dtype``),
+    and one the frame does not undo is still in force when the backend lowers its graph.
+    Dynamo's ``convert_frame.initial_global_state``, a ``GlobalStateGuard`` taken as it starts
+    compiling a frame (2.1); True outside a compile."""
+    from torch._dynamo import convert_frame
+
+    entry = getattr(convert_frame, "initial_global_state", None)
+    return entry is None or bool(entry.check())
+
+
 def dynamo_functorch_calls() -> dict[str, Any]:
     """The functions Dynamo's graphs call where the user called a ``torch.func`` transform, by
     role: a vmap level's batch dims put on and taken off (``add_batch_dim``,
@@ -920,6 +933,7 @@ BOUND_NAMES = (
     "disable_autocast",
     "any_autocast_enabled",
     "PROCESS_SETTINGS",
+    "frame_entry_settings_hold",
     "wrap_with_set_grad_enabled",
     "BackwardCFunction",
     "BackwardHookFunction",

@@ -23,13 +23,14 @@ Three ways to select it::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 from torch.nn import Parameter
 
 from fxviews.arguments import check_flags
@@ -39,10 +40,15 @@ from fxviews.consumers.compile.dynamo_stage import (
 )
 from fxviews.consumers.compile.graph_splits import split_around, transform_regions
 from fxviews.consumers.compile.layout_reads import check_layout_reads, mark_layout_reads
-from fxviews.consumers.compile.mode_regions import ModeRegions
+from fxviews.consumers.compile.mode_regions import ModeRegions, first_setting_change
 from fxviews.consumers.compile.output_layouts import pin_output_layouts
 from fxviews.consumers.compile.storage_bounds import with_storage_checks
-from fxviews.passes.compat.torch_internals import CompileContext, dynamo_signals, is_boxed_call
+from fxviews.passes.compat.torch_internals import (
+    CompileContext,
+    dynamo_signals,
+    frame_entry_settings_hold,
+    is_boxed_call,
+)
 from fxviews.passes.device_faults import devices_of, raise_if_device_failed
 from fxviews.passes.errors import FxViewsError
 from fxviews.passes.geometry.symbolic import guards_allowed
@@ -273,9 +279,9 @@ def _serialized(compile_fn: Backend, name: str, strict: bool, pin_outputs: bool)
         with tracing_lock, preserved_torch_state(), guards_allowed():
             check_layout_reads(gm)
             prepared = prepare_dynamo_graph(gm, strict, _graph_name("Dynamo"))
-            subclass = _plain_subclass_inputs(example_inputs)
-            if subclass is not None:
-                return _run_dynamo_graph(gm, name, strict, subclass)
+            whole = _plain_subclass_inputs(example_inputs) or _setting_left_changed(gm)
+            if whole is not None:
+                return _run_dynamo_graph(gm, name, strict, whole)
             if prepared.runs_eagerly is not None and (strict or not prepared.splits):
                 return _run_dynamo_graph(gm, name, strict, prepared.runs_eagerly)
             if pin_outputs:
@@ -324,7 +330,20 @@ def _lowered(
         with unfold_backward_traced_per_sample(), ModeRegions() as regions:
             compiled = compile_fn(gm, example_inputs)
         hazard = regions.hazard()  # Note [Modes set inside a compiled function]
-        return compiled if hazard is None else _run_dynamo_graph(gm, name, strict, hazard)
+        if hazard is None:
+            return compiled
+        setter = first_setting_change(gm)
+        if strict or setter is None or not regions.restored() or _no_work_before(setter):
+            return _run_dynamo_graph(gm, name, strict, hazard)
+        logger.info(
+            "backend=%r compiles this graph up to %s, which changes a setting, and runs the "
+            "rest as eager PyTorch: %s",
+            name,
+            describe_node(setter),
+            hazard,
+        )
+        lower = functools.partial(_lowered, compile_fn, name=name, strict=strict)
+        return split_around(gm, (), (), lower, eager_from=setter).forward
     except RuntimeError as err:
         if strict or lowering.reached_engine or isinstance(err, (FxViewsError, *dynamo_signals())):
             raise  # a restart or graph break Dynamo asks for is Dynamo's to handle
@@ -339,6 +358,31 @@ def _lowered(
         return gm.forward
     finally:
         _CURRENT_LOWERING.reset(token)
+
+
+def _setting_left_changed(gm: GraphModule) -> str | None:
+    """Why AOTAutograd cannot lower ``gm`` in the settings the call is made in, or None: the
+    frame changes a process setting and does not undo it, so Dynamo's trace left it changed
+    while the backend lowers, and AOTAutograd drops the setter, which the call must run
+    (Note [Modes set inside a compiled function])."""
+    if frame_entry_settings_hold():
+        return None
+    setter = first_setting_change(gm)
+    where = describe_node(setter) if setter is not None else "the function"
+    return (
+        f"{where} changes a process setting and leaves it changed, which AOTAutograd's graphs "
+        "would neither do nor be traced in (Note [Modes set inside a compiled function])"
+    )
+
+
+def _no_work_before(node: Node) -> bool:
+    """Whether only the graph's inputs come before ``node``."""
+    for before in node.graph.nodes:
+        if before is node:
+            return True
+        if before.op != "placeholder":
+            return False
+    return True
 
 
 def _plain_subclass_inputs(example_inputs: Sequence[Any]) -> str | None:

@@ -78,15 +78,21 @@ def split_around(
     kept_reads: Sequence[torch.fx.Node],
     writes: Sequence[torch.fx.Node],
     lower: Lower,
+    eager_from: torch.fx.Node | None = None,
 ) -> torch.fx.GraphModule:
     """``gm`` split right before each of ``kept_reads`` (kept as_strided reads of written
     memory) and around each of ``writes`` (writes AOTAutograd inverts wrongly), see the Note:
-    the writes' parts run as Python, every other part is lowered by ``lower``. ``gm`` is
-    edited in place first (view copies, pinned roots)."""
+    the writes' parts run as Python, every other part is lowered by ``lower``. From
+    ``eager_from`` on (a setting changed: Note [Modes set inside a compiled function]) the
+    graph runs as Python. ``gm`` is edited in place first (view copies, pinned roots)."""
     cuts: set[torch.fx.Node] = set()
     alone: set[torch.fx.Node] = set()
     roots = []
     regions = transform_regions(gm)
+    if eager_from is not None:
+        first = regions[eager_from][0] if eager_from in regions else eager_from
+        cuts.add(first)
+        alone.update(n for n in _nodes_from(first, gm.graph.output_node()) if n.op != "output")
     for node in [*kept_reads, *writes]:
         if node in regions:  # the transform around it runs as eager PyTorch (see Note, 4)
             first, last = regions[node]

@@ -10,10 +10,21 @@ traces and records the ops between them as they ran: a factory in a float64 regi
 without its dtype and makes the caller's default dtype when the graph runs (``aot_eager`` and
 Inductor alike, torch 2.13). So while AOTAutograd lowers Dynamo's graph, :class:`ModeRegions`
 (a torch function mode) reads the settings at each call the graph makes, against those of the
-call being compiled, as ``transform`` does at each op (Note [Modes inside fn]): where one runs
-under a changed setting it depends on, the backend runs Dynamo's graph as Python instead, which
-gives eager's results (``strict=True`` raises). Cost: ~1.5 us per call AOTAutograd's trace makes,
-while it compiles.
+call being compiled, as ``transform`` does at each op (Note [Modes inside fn]). Where one runs
+under a changed setting it depends on, the backend compiles the graph only up to the first
+node that may change a setting (:func:`first_setting_change`) and runs the rest as Python,
+which gives eager's results: every op before that node runs in the settings the call was
+made in, which Dynamo's guards hold. The part before is lowered again, and checked again, on
+its own. Where no such node is found, or the lowering's trace left a setting changed, the
+whole graph runs as Python (``strict=True`` raises).
+
+A frame that leaves a setting changed has done so already while Dynamo traced it: its graph
+would be lowered in that setting rather than the caller's, and AOTAutograd would drop the
+setter the call must run. Dynamo's guard on the frame's entry settings says when; such a graph
+runs as Python from the start.
+
+Cost: ~1.5 us per call AOTAutograd's trace makes, while it compiles, and a second lowering of
+the part before a setter.
 
 Example::
 
@@ -24,11 +35,15 @@ Example::
 
 from __future__ import annotations
 
+import torch.fx
 from torch.overrides import TorchFunctionMode
 
 from fxviews.tracing.modes import ModeChange, ModeWatch
 
-__all__ = ["ModeRegions"]
+__all__ = ["ModeRegions", "first_setting_change"]
+
+#: Setters Dynamo keeps as nodes that AOTAutograd keeps too (grad mode is in its graphs).
+_KEPT_BY_AOTAUTOGRAD = frozenset({"_set_grad_enabled"})
 
 
 class ModeRegions(TorchFunctionMode):
@@ -49,6 +64,11 @@ class ModeRegions(TorchFunctionMode):
             self.change = self.watch.after_op(func, args, kwargs, out)
         return out
 
+    def restored(self) -> bool:
+        """Whether the settings are those it was entered in again (the lowering's trace ran
+        the graph's setters: one that is not undone leaves its setting changed)."""
+        return self.watch.at_return() is None
+
     def hazard(self) -> str | None:
         """What :attr:`change` means for the graph, in words (None where nothing changed)."""
         if self.change is None:
@@ -58,3 +78,16 @@ class ModeRegions(TorchFunctionMode):
             f"AOTAutograd's graphs keep no such region (Note [Modes set inside a compiled "
             f"function])"
         )
+
+
+def first_setting_change(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node of Dynamo's graph ``gm`` that may change a process setting
+    (``torch.set_default_dtype``, ``torch._C._set_deterministic_algorithms``,
+    ``torch.set_float32_matmul_precision``: a function named ``set_...`` or ``_set_...``), other
+    than the ones AOTAutograd keeps; None where there is none. Naming a node that changes
+    nothing only makes more of the graph run eagerly: each part compiled is checked again."""
+    for node in gm.graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        if name.startswith(("set_", "_set_")) and name not in _KEPT_BY_AOTAUTOGRAD:
+            return node
+    return None
