@@ -143,9 +143,16 @@ def _stacked(
 @pytest.mark.parametrize("program", CASES, ids=lambda p: p.name)
 def test_vmap_of_transform_matches_eager_per_sample_at_every_batch_dim(program: Program) -> None:
     samples = _samples(program)
-    expected, written = _eager_per_sample(program, samples)
-    tolerance = _tolerance(expected)
     tf = fxviews.transform(program.fn, strict=True)
+    try:
+        expected, written = _eager_per_sample(program, samples)
+    except NotImplementedError as missing:  # torch 2.15: no forward AD of CPU flash attention
+        args, in_dims = _stacked(samples, program, 0)
+        with pytest.raises((NotImplementedError, fxviews.TracingError)) as raised:
+            vmap(tf, in_dims=in_dims)(*args)
+        assert str(missing).split(" because")[0] in str(raised.value), raised.value
+        return
+    tolerance = _tolerance(expected)
     for position in range(_positions(program, samples[0])):
         args, in_dims = _stacked(samples, program, position)
         actual = vmap(tf, in_dims=in_dims)(*args)

@@ -38,7 +38,11 @@ the writes compiles:
 3. **Eager's memory at the seam.** The root's memory must be laid out as eager lays it: where
    its traced layout is not eager's it is pinned to eager's in the graph before the split
    (Note [Outputs in eager's layout]), and the previous part returns it so (Inductor keeps its
-   outputs' traced strides; the next part's compiled code asserts its inputs' strides).
+   outputs' traced strides; the next part's compiled code asserts its inputs' strides). A
+   root that a part run as Python writes in place is pinned even where layouts agree: the part
+   before returns memory it made, not a view of it, which AOTAutograd may hand out as one
+   made inside its autograd function (torch 2.15: ``linear`` of a 3-d input returns a view of
+   its matrix product) and which autograd then forbids writing in place.
 4. **Around a transform.** No seam is cut inside a ``torch.func`` transform the graph runs
    (between ``_vmap_increment_nesting`` and its decrement, or grad's or jvp's): the tensors
    there are wrapped for the transform's level, which exists only while the graph runs it.
@@ -58,13 +62,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from fxviews.consumers.compile.output_layouts import pin_eager_layouts
+from fxviews.consumers.compile.output_layouts import pin_eager_layouts, storage_root
 from fxviews.consumers.compile.write_hazards import node_storage, written_nodes
 from fxviews.passes.analysis.as_strided_calls import bind_as_strided
 from fxviews.passes.compat.torch_internals import own_tracing_context, split_module
@@ -110,7 +114,7 @@ def split_around(
         if root.op != "placeholder":
             roots.append(root)
     gm.recompile()
-    pin_eager_layouts(gm, roots)
+    pin_eager_layouts(gm, roots, fresh=_written_by_eager_parts(alone))
     examples = {n.name: n.meta.get("example_value") for n in gm.graph.nodes}
     part: dict[torch.fx.Node, int] = {}
     eager_parts: set[int] = set()
@@ -154,6 +158,13 @@ def transform_regions(
     # A transform the graph does not close (Dynamo always closes its own) lasts to the end.
     regions.update((n, (inside[0], inside[-1])) for n in inside)
     return regions
+
+
+def _written_by_eager_parts(alone: Collection[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The storage roots, made by a compiled part, of what the nodes run as Python write in
+    place (see Note, 3)."""
+    roots = {storage_root(t) for node in alone for t in written_nodes(node)}
+    return {root for root in roots if root not in alone and root.op != "placeholder"}
 
 
 def _nodes_from(first: torch.fx.Node, last: torch.fx.Node) -> list[torch.fx.Node]:

@@ -35,6 +35,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 import torch
 import torch.fx
 
@@ -58,10 +60,18 @@ def pin_output_layouts(gm: torch.fx.GraphModule) -> list[str]:
     return pin_eager_layouts(gm, outputs)
 
 
-def pin_eager_layouts(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> list[str]:
+def pin_eager_layouts(
+    gm: torch.fx.GraphModule,
+    nodes: Sequence[torch.fx.Node],
+    fresh: Collection[torch.fx.Node] = (),
+) -> list[str]:
     """:func:`pin_output_layouts` for ``nodes`` of ``gm``, outputs or not: the storage root of
-    each whose traced layout is not eager's gets eager's layout; what was pinned, in words."""
-    if not nodes:
+    each whose traced layout is not eager's gets eager's layout; each root in ``fresh`` is
+    pinned too, where layouts agree (in its traced layout where eager's is not known), so that
+    its users read memory the graph made itself rather than a view (a graph part's output that
+    another part writes in place: Note [Splitting the graph around what AOTAutograd gets
+    wrong]). What was pinned, in words."""
+    if not nodes and not fresh:
         return []
     values = assign_values(gm)
     roots: dict[torch.fx.Node, Geometry] = {}
@@ -76,6 +86,12 @@ def pin_eager_layouts(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> l
             root = storage_root(node)
             eager = truth.eager_layout(root)
             if eager is not None and eager.offset == 0 and _static(root.meta.get("val")):
+                roots[root] = eager
+        for root in fresh:
+            if root in roots or root in values.batched or not _static(root.meta.get("val")):
+                continue
+            eager = truth.eager_layout(root) or Geometry.of(root.meta["val"])
+            if eager.offset == 0:
                 roots[root] = eager
     finally:
         clear_values(gm, values)
