@@ -32,9 +32,12 @@ the writes compiles:
    metadata its backward compile reads back). In the part that reads it, a kept node is
    proven against its input's layout by the engine like any other (a chain of views where
    one exists), and a part whose lowering fails runs as eager PyTorch alone. A compiled part
-   saves for its backward what AOTAutograd's partitioner picks: a write run alone that
-   changes a tensor it saved makes the backward raise autograd's "modified by an inplace
-   operation", never other numbers (the saved tensor's version counter is checked).
+   saves for its backward what AOTAutograd's partitioner picks, and a write run alone writes
+   the part before's fresh copy of its memory (3): where eager's backward would raise because
+   the write changed a result saved for it, the split graph's backward reads that result as
+   it was made (eager's gradient of the program with a clone before the write), or raises
+   the same error where the partitioner saved the copy; never other numbers (saved tensors'
+   version counters are checked).
 3. **Eager's memory at the seam.** The root's memory must be laid out as eager lays it: where
    its traced layout is not eager's it is pinned to eager's in the graph before the split
    (Note [Outputs in eager's layout]), and the previous part returns it so (Inductor keeps its
