@@ -1,5 +1,5 @@
 """Libraries built on ``torch.func``, handed a model whose forward is ``transform``ed: each must
-give what it gives with the plain model (issue 49).
+give what it gives with the plain model.
 
 Note [Client libraries against themselves]
 ------------------------------------------
@@ -13,14 +13,13 @@ registers hooks on its submodules, steps an optimizer. Each test here builds one
 use of the library on both (same seeds, several calls with the model changing between them)
 and compares everything the use returns: outputs, gradients, curvature, parameters after the
 steps. The reference is the library itself on the plain model, never a number fxviews gave.
-Where issue 49 asks for a graph (parameters swapped in, ensembles), a signature run eagerly
+Where a graph is expected (parameters swapped in, ensembles), a signature run eagerly
 (``cache_info().eager``) fails the test too; where the library registers hooks inside the
-model, eager is allowed (the issue lets such a call run eagerly, saying why) and only the
-numbers count. A test also fails if the library never called the transformed forward.
+model, eager is allowed (such a call runs eagerly, saying why) and only the numbers count. A test also fails if the library never called the transformed forward.
 
 Tests marked :func:`fails_today` are the uses that fail on today's code, each naming the
-cause and the exception it fails with; the fix of issue 49 removes the marks (they are strict:
-one that starts passing reports it).
+cause and the exception it fails with; a fix removes its mark (they are strict: one that
+starts passing reports it).
 
 The libraries are the extra ``fxviews[clients]``: CI installs it into the oldest-torch
 virtualenv (``make test-oldest-torch``, torch 2.11.0 with torchvision 0.26.0, which
