@@ -15,7 +15,8 @@ and compares everything the use returns: outputs, gradients, curvature, paramete
 steps. The reference is the library itself on the plain model, never a number fxviews gave.
 Where a graph is expected (parameters swapped in, ensembles), a signature run eagerly
 (``cache_info().eager``) fails the test too; where the library registers hooks inside the
-model, eager is allowed (such a call runs eagerly, saying why) and only the numbers count. A test also fails if the library never called the transformed forward.
+model, eager is allowed (such a call runs eagerly, saying why) and only the numbers count.
+A test also fails if the library never called the transformed forward.
 
 Tests marked :func:`fails_today` are the uses that fail on today's code, each naming the
 cause and the exception it fails with; a fix removes its mark (they are strict: one that
