@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, grad, hessian, jvp, stack_module_state, vmap
+from torch.func import functional_call, grad, hessian, jvp, stack_module_state, vjp, vmap
 
 import fxviews
 from tests.reference import assert_tree_close
@@ -62,11 +62,16 @@ ROUTES = ["module", "forward", "functional"]
 def test_calls_follow_training_and_buffers(route):
     torch.manual_seed(0)
     model = Block()
-    tf, ref = _twins(model, route)
-    twin = ref
+    tf, twin = _twins(model, route)
     for _ in range(3):
         x = torch.randn(5, 4)
-        assert_tree_close(tf(x), twin(x))
+        out, ref = tf(x), twin(x)
+        assert_tree_close(out, ref)
+        # .backward() accumulates into the module's own parameters, call after call.
+        out.pow(2).sum().backward()
+        ref.pow(2).sum().backward()
+        grads = {k: p.grad for k, p in model.named_parameters()}
+        assert_tree_close(grads, {k: p.grad for k, p in twin.named_parameters()})
     assert_tree_close(dict(model.named_buffers()), dict(twin.named_buffers()))
     model.eval(), twin.eval()
     x = torch.randn(5, 4)
@@ -136,8 +141,8 @@ def test_parameters_swapped_under_each_transform(route):
     eager = lambda p, x: functional_call(twin, p, (x,))  # noqa: E731
     x = torch.randn(5, 4)
     params = {k: v.detach() + 0.1 for k, v in twin.named_parameters()}
-    # grad, vmap(grad) at batch dims 0 and 1 (physically there), jvp, hessian: all through the
-    # parameters swapped in.
+    # grad, vmap(grad) at batch dims 0 and 1 (physically there), jvp, vjp, hessian: all through
+    # the parameters swapped in.
     assert_tree_close(grad(_loss(apply))(params, x), grad(_loss(eager))(params, x))
     per_sample = lambda f: lambda p, xi: _loss(f)(p, xi[None])  # noqa: E731
     for dim in (0, 1):
@@ -147,6 +152,10 @@ def test_parameters_swapped_under_each_transform(route):
     tangents = {k: torch.randn_like(v) for k, v in params.items()}
     got = jvp(lambda p: _loss(apply)(p, x), (params,), (tangents,))
     assert_tree_close(got, jvp(lambda p: _loss(eager)(p, x), (params,), (tangents,)))
+    cotangent = torch.randn(())
+    got = vjp(lambda p: _loss(apply)(p, x), params)
+    want = vjp(lambda p: _loss(eager)(p, x), params)
+    assert_tree_close((got[0], got[1](cotangent)), (want[0], want[1](cotangent)))
     small = {"out.bias": params["out.bias"]}
     got = hessian(lambda p: _loss(apply)(p, x))(small)
     assert_tree_close(got, hessian(lambda p: _loss(eager)(p, x))(small))
@@ -260,12 +269,23 @@ def test_meta_sgd_style_parameter_replaced_by_a_plain_tensor():
 # Hooks
 
 
+def _hookable_twins(route: str) -> tuple[nn.Module, Callable[..., Any], Callable[..., Any]]:
+    """A small model, and its transformed and eager twins by ``route`` (see :func:`_twins`)."""
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    tf, twin = _twins(model, route)
+    return model, tf, twin
+
+
 def _hook_kinds() -> dict[str, Callable[[nn.Module, list[str]], Any]]:
     """Each kind of module hook, registered on a module, appending its name when it runs."""
     return {
         "forward": lambda m, log: m.register_forward_hook(lambda *a: log.append("f")),
         "forward doubling": lambda m, log: m.register_forward_hook(
             lambda mod, args, out: (log.append("fd"), out * 2)[1]
+        ),
+        "forward always called": lambda m, log: m.register_forward_hook(
+            lambda *a: log.append("fa"), always_call=True
         ),
         "forward pre": lambda m, log: m.register_forward_pre_hook(lambda *a: log.append("p")),
         "full backward": lambda m, log: m.register_full_backward_hook(lambda *a: log.append("b")),
@@ -279,9 +299,7 @@ def _hook_kinds() -> dict[str, Callable[[nn.Module, list[str]], Any]]:
 @pytest.mark.parametrize("kind", sorted(_hook_kinds()))
 @pytest.mark.parametrize("route", ["module", "forward"])
 def test_hooks_added_and_removed_between_calls_run_as_eager(route, kind, where):
-    torch.manual_seed(9)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-    tf, twin = _twins(model, route)
+    model, tf, twin = _hookable_twins(route)
     log: list[str] = []
     ref_log: list[str] = []
 
@@ -332,6 +350,66 @@ def test_hooks_present_at_the_first_call_and_global_hooks():
     assert seen == expected
     tf2(x)
     assert seen == expected  # removed: nothing more runs it
+
+
+def _global_hook_kinds() -> dict[str, Callable[[Callable[[nn.Module], None]], Any]]:
+    """Each kind of global module hook, calling ``note(module)`` when it runs."""
+    hooks = nn.modules.module
+    return {
+        "forward": lambda note: hooks.register_module_forward_hook(lambda m, a, o: note(m)),
+        "forward always called": lambda note: hooks.register_module_forward_hook(
+            lambda m, a, o: note(m), always_call=True
+        ),
+        "forward pre": lambda note: hooks.register_module_forward_pre_hook(lambda m, a: note(m)),
+        "full backward": lambda note: hooks.register_module_full_backward_hook(
+            lambda m, gi, go: note(m)
+        ),
+        "backward pre": lambda note: hooks.register_module_full_backward_pre_hook(
+            lambda m, go: note(m)
+        ),
+    }
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["added_later", "at_the_first_call"])
+@pytest.mark.parametrize("kind", sorted(_global_hook_kinds()))
+@pytest.mark.parametrize("route", ["module", "forward"])
+def test_global_hooks_added_and_removed_between_calls_run_as_eager(route, kind, first):
+    # A refused trace runs fn again eagerly: no hook may have run in the refused one (a global
+    # forward-pre hook registered before fxviews' own check, an always-called forward hook
+    # that nn.Module runs as the refusal leaves the call).
+    model, tf, twin = _hookable_twins(route)
+    names = {
+        **{id(m): f"model.{n}" for n, m in model.named_modules()},
+        **{id(m): f"twin.{n}" for n, m in twin.named_modules()},
+    }
+    log: list[str] = []
+
+    def note(module: nn.Module) -> None:
+        if id(module) in names:  # one hook sees every module's calls: each side's, by name
+            log.append(names[id(module)])
+
+    def step() -> tuple[list[str], list[str]]:
+        x = torch.randn(3, 4, requires_grad=True)
+        log.clear()
+        out = tf(x)
+        got = torch.autograd.grad(out.pow(2).sum(), x)
+        ours = [name.removeprefix("model.") for name in log]
+        log.clear()
+        ref = twin(x)
+        want = torch.autograd.grad(ref.pow(2).sum(), x)
+        assert_tree_close((out, got), (ref, want))
+        return ours, [name.removeprefix("twin.") for name in log]
+
+    if not first:
+        step()  # traced without hooks
+    handle = _global_hook_kinds()[kind](note)
+    try:
+        for _ in range(2):
+            ours, eagers = step()
+            assert ours == eagers and eagers
+    finally:
+        handle.remove()
+    assert step() == ([], [])  # removed: nothing runs it
 
 
 def test_a_module_holding_objects_whose_dunders_raise():

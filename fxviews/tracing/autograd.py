@@ -95,6 +95,7 @@ from fxviews.passes.compat.torch_internals import (
     BackwardCFunction,
     BackwardHookFunction,
     TorchDispatchMode,
+    always_called_forward_hooks,
     current_autograd_node,
     disable_proxy_modes_tracing,
     function_apply_attribute,
@@ -107,6 +108,7 @@ from fxviews.passes.compat.torch_internals import (
     module_hook_dicts,
     no_torch_function,
     pytree,
+    run_global_forward_pre_hooks_first,
     set_grad_enabled,
     tensor_hooks,
     tensor_is_view,
@@ -679,37 +681,57 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 
 
 class _ModuleHooks:
-    """At every module call on the tracing thread, outside kept calls: step 4's module hooks."""
+    """At every module call on the tracing thread, outside kept calls: step 4's module hooks.
+
+    A refused trace runs ``fn`` again eagerly, so no hook of the user's may run before the
+    refusal: the check is a global forward-pre hook run, with fxviews' own (:class:`ModuleCalls`
+    records the module first), before the user's global ones registered earlier; and the marks
+    of the forward hooks registered with ``always_call=True``, which ``nn.Module.__call__``
+    runs as the refusal leaves the call, are taken off until the trace is over (for the global
+    ones process-wide: a module call of another thread raising in those microseconds would
+    not run them).
+    """
 
     def __init__(self, watch: AutogradWatch) -> None:
         self.watch = watch
         self.thread = threading.get_ident()
         self.handle: Any = None
+        self.held_back: list[tuple[dict[int, Any], dict[int, Any]]] = []
 
     def __enter__(self) -> None:
         self.handle = torch.nn.modules.module.register_module_forward_pre_hook(self.check)
+        run_global_forward_pre_hooks_first(_fxviews_own)
 
     def __exit__(self, *exc: object) -> None:
         self.handle.remove()
+        for marks, held in self.held_back:
+            marks.update(held)
+        self.held_back.clear()
 
     def check(self, module: torch.nn.Module, args: Any) -> None:
         if threading.get_ident() != self.thread or self.watch.unrecorded:
             return
-        if module_backward_hooks(module):
-            self.watch.refuse(
-                f"backward hooks on {type(module).__name__} (register_full_backward_hook)",
-                HOOK,
-            )
+        backward = module_backward_hooks(module)
         forward = [
             hook
             for hooks in (*module_hook_dicts(module)[:2], *global_module_hook_dicts()[:2])
             for hook in hooks.values()
             if not _fxviews_own(hook)
         ]
-        if forward:
-            raise self.watch.refuse_hooks(
-                f"forward hooks on {type(module).__name__} ({_hook_names(forward)})"
+        if not backward and not forward:
+            return
+        for marks in always_called_forward_hooks(module):
+            if marks:
+                self.held_back.append((marks, dict(marks)))
+                marks.clear()
+        if backward:
+            self.watch.refuse(
+                f"backward hooks on {type(module).__name__} (register_full_backward_hook)",
+                HOOK,
             )
+        raise self.watch.refuse_hooks(
+            f"forward hooks on {type(module).__name__} ({_hook_names(forward)})"
+        )
 
 
 # --- step 2: Function.apply while a trace runs ---------------------------------------------

@@ -636,6 +636,26 @@ def global_module_hook_dicts() -> tuple[dict[int, Any], ...]:
     )
 
 
+def run_global_forward_pre_hooks_first(picked: Callable[[Any], bool]) -> None:
+    """Make the global forward-pre hooks ``picked`` picks the first ones every module call
+    runs, each group in its own order (``_global_forward_pre_hooks`` is an ``OrderedDict``,
+    run in order, 2.0)."""
+    from torch.nn.modules import module as modules
+
+    hooks: Any = modules._global_forward_pre_hooks  # typed as a dict there
+    for key in reversed([key for key, hook in hooks.items() if picked(hook)]):
+        hooks.move_to_end(key, last=False)
+
+
+def always_called_forward_hooks(module: torch.nn.Module) -> tuple[dict[int, Any], ...]:
+    """The dicts marking the forward hooks registered with ``always_call=True`` on ``module``
+    and globally (``_forward_hooks_always_called``, ``_global_forward_hooks_always_called``,
+    2.1): ``nn.Module.__call__`` runs those even where the call raises."""
+    from torch.nn.modules import module as modules
+
+    return (module._forward_hooks_always_called, modules._global_forward_hooks_always_called)
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -946,6 +966,8 @@ BOUND_NAMES = (
     "module_backward_hooks",
     "module_hook_dicts",
     "global_module_hook_dicts",
+    "run_global_forward_pre_hooks_first",
+    "always_called_forward_hooks",
     "dynamo_functorch_calls",
     "dynamo_signals",
     "own_tracing_context",
