@@ -13,6 +13,7 @@ and hook calls (Note [Parameters are read when the graph runs] in
 from __future__ import annotations
 
 import copy
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -412,6 +413,74 @@ def test_global_hooks_added_and_removed_between_calls_run_as_eager(route, kind, 
     assert step() == ([], [])  # removed: nothing runs it
 
 
+def _wrap_submodule_forward(model: nn.Module) -> None:
+    # accelerate's add_hook_to_module: a wrapper of the old forward, put on the instance.
+    inner = model[0].forward
+    model[0].forward = lambda x: inner(x) * 3
+
+
+def _set_root_forward(model: nn.Module) -> None:
+    model.forward = types.MethodType(lambda self, x: self[2](self[1](self[0](x)) - 1), model)
+
+
+def _change_a_number(model: nn.Module) -> None:
+    model[1].negative_slope = 0.5
+
+
+def _add_and_delete_attributes(model: nn.Module) -> None:
+    model[1].note = "read by nothing"  # only retraces
+    del model[1].note
+    model[1].negative_slope = -2.0
+
+
+@pytest.mark.parametrize(
+    ("route", "change"),
+    [
+        (route, change)
+        for route in ("module", "forward")
+        for change in (
+            _wrap_submodule_forward,
+            _set_root_forward,  # under "forward", the root's forward is the transformed one
+            _change_a_number,
+            _add_and_delete_attributes,
+        )
+        if route == "module" or change is not _set_root_forward
+    ],
+    ids=lambda p: p if isinstance(p, str) else p.__name__.strip("_"),
+)
+def test_what_a_module_binds_is_read_as_eager_reads_it(route, change):
+    torch.manual_seed(13)
+    model = nn.Sequential(nn.Linear(4, 4), nn.LeakyReLU(0.1), nn.Linear(4, 2))
+    tf, twin = _twins(model, route)
+
+    def step() -> None:
+        x = torch.randn(3, 4, requires_grad=True)
+        out, ref = tf(x - 0.5), twin(x - 0.5)
+        got = torch.autograd.grad(out.pow(2).sum(), [x, *model.parameters()])
+        want = torch.autograd.grad(ref.pow(2).sum(), [x, *twin.parameters()])
+        assert_tree_close((out, got), (ref, want))
+
+    step()
+    change(model), change(twin)
+    step()
+    step()
+
+
+def test_train_and_eval_alternating_reuse_their_graphs():
+    # A mode change writes the module's dict (its version tag moves): the entry of the mode is
+    # found again by comparing, not traced again.
+    torch.manual_seed(14)
+    model = Block()
+    tf, twin = _twins(model, "module")
+    for _ in range(3):
+        for mode in (True, False):
+            model.train(mode), twin.train(mode)
+            x = torch.randn(5, 4)
+            assert_tree_close(tf(x), twin(x))
+    assert tf.cache_info().misses == 2
+    assert_tree_close(dict(model.named_buffers()), dict(twin.named_buffers()))
+
+
 def test_a_module_holding_objects_whose_dunders_raise():
     # e3nn's Irreps: len() may raise; a module holds it and branches on other attributes.
     class Irreps(tuple):
@@ -457,3 +526,20 @@ def test_a_swap_of_the_same_kind_reuses_the_graph():
         torch.utils.swap_tensors(m.inp.bias, nn.Parameter(torch.zeros(6)))
     assert_tree_close(model(x), twin(x))
     assert model.forward.cache_info().misses == 1  # type: ignore[attr-defined]
+
+
+def test_without_dict_version_tags_every_call_compares(monkeypatch):
+    # A Python whose dicts carry no version tag PyTorch can read: the guard compares what the
+    # modules bind on every call instead, and still sees each change.
+    import fxviews.calls.cache
+    import fxviews.state.guard
+
+    for where in (fxviews.state.guard, fxviews.calls.cache):
+        monkeypatch.setattr(where, "read_version", lambda held: object())
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.Linear(4, 4), nn.LeakyReLU(0.1), nn.Linear(4, 2))
+    tf, twin = _twins(model, "module")
+    x = torch.randn(3, 4) - 0.5
+    for change in (lambda m: None, _change_a_number, _wrap_submodule_forward, lambda m: m.eval()):
+        change(model), change(twin)
+        assert_tree_close(tf(x), twin(x))

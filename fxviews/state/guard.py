@@ -21,7 +21,7 @@ finds the entry made for the state now in force):
    its code reads, with every submodule of each module found. Dynamically: every module whose
    ``forward`` runs while the function is traced (:class:`ModuleCalls`), which finds modules
    reached through attributes, containers and ``torch.func.functional_call`` targets.
-   Checking them costs ~50 ns a module (a tuple of flags compared with the traced one).
+   Read afresh only where item 7's version tags moved (see there).
 3. **What a module holds**: the tensors of the modules ``fn`` reaches statically are read
    when the graph runs (Note [Parameters are read when the graph runs] in
    :mod:`fxviews.state.module_slots`), each checked to be of the kind traced; the graph holds
@@ -54,11 +54,22 @@ finds the entry made for the state now in force):
    the guard last saw, no dict changed (one compare); when it moved, the dicts are compared
    (~30 ns a dict) and, if they hold, the count is taken as seen.
 
+7. **What a module binds**: every other entry of each module's instance dict above, by
+   identity: a ``forward`` a library puts on the instance (accelerate's hooks do, as does
+   ``m.forward = transform(m.forward)``), a number a module reads (``negative_slope``,
+   ``p``, ``eps``), any attribute added or deleted. The hot check reads the version tag of
+   each module's ``__dict__`` (PEP 509's, which every write to the dict moves; ~40 ns a
+   module): while none moved, items 2, 3 and 7 hold as they did. Where one moved, the flags,
+   counts and bindings are compared (~0.6 us a module), and the tags taken as seen if they
+   hold (a ``train()`` and back). Where this Python gives no such tag, or a module's
+   ``training`` is a property of its class, they are compared on every call.
+
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of closed-over tensors that are no module's
 (autograd reads it at run time on the real tensors; only a Python branch on it would be baked
-in), and other Python state ``fn`` reads (attributes other than ``training``, the contents of
-a list or dict): a function that branches on those must be called through a fresh
+in), and other Python state ``fn`` reads (the contents of a list or dict, in a module's
+attribute or elsewhere; the attributes of objects that are no module; a method of a module's
+class patched): a function that branches on those must be called through a fresh
 ``transform`` or cleared with ``cache_clear()`` when they change.
 """
 
@@ -76,6 +87,7 @@ from torch.utils.hooks import RemovableHandle
 from fxviews.passes.compat.torch_internals import (
     GlobalStateGuard,
     TensorGuards,
+    dict_version_reader,
     global_module_hook_dicts,
     module_hook_dicts,
 )
@@ -180,11 +192,14 @@ class StateGuard:
         "hook_keys",
         "holders",
         "holder_counts",
+        "attributes",
+        "module_dicts",
         "modules",
         "names",
         "process",
         "read",
         "trainings",
+        "versions",
     )
 
     def __init__(
@@ -211,6 +226,12 @@ class StateGuard:
         self.read: Callable[[torch.nn.Module], tuple[Any, ...]] = read_training
         self.trainings = tuple(map(read_training, self.modules))
         self.holder_counts = tuple(map(read_training_and_swaps, self.holders))
+        # Item 7: what each module's instance dict binds besides those, and the dicts' version
+        # tags, which stand for items 2, 3 and 7 while no write moves them.
+        watched = (*self.modules, *self.holders)
+        self.module_dicts = tuple(module.__dict__ for module in watched)
+        self.attributes: tuple[Attributes, ...] | None = tuple(map(_attributes, self.module_dicts))
+        self.versions = _versions(watched)
         # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
         # what they held.
         named, cells = _bindings(reached)
@@ -250,7 +271,31 @@ class StateGuard:
         guard = cls(process, modules)
         guard.read = _read_mode
         guard.trainings = tuple(map(_read_mode, guard.modules))
+        guard.attributes = None
         return guard
+
+    def modules_hold(self) -> bool:
+        """Whether every module items 2, 3 and 7 watch reads as when traced: at once where no
+        write moved their dicts' version tags; else by comparing what they hold, taking the
+        tags as seen where it holds (``train()`` and back, a registration undone)."""
+        versions = tuple(map(read_version, self.module_dicts))
+        if versions == self.versions:
+            return True
+        if (
+            tuple(map(self.read, self.modules)) != self.trainings
+            or tuple(map(read_training_and_swaps, self.holders)) != self.holder_counts
+            or not self.attributes_hold()
+        ):
+            return False
+        if self.versions is not None:
+            self.versions = versions
+        return True
+
+    def attributes_hold(self) -> bool:
+        """Whether each module's instance dict binds what it bound when traced (item 7)."""
+        if self.attributes is None:  # an eager entry: eager reads them at each call
+            return True
+        return all(map(_binds_as_traced, self.module_dicts, self.attributes))
 
     def bindings_hold(self) -> bool:
         """Whether every name and cell item 4 watches holds what it held when traced, and every
@@ -280,8 +325,7 @@ class StateGuard:
         try:
             return (
                 self.check_process()
-                and tuple(map(self.read, self.modules)) == self.trainings
-                and tuple(map(read_training_and_swaps, self.holders)) == self.holder_counts
+                and self.modules_hold()
                 and (not self.bound or self.bindings_hold())
                 and self.hooks_hold()
             )
@@ -308,6 +352,11 @@ class StateGuard:
             for m, was in zip(modules, counts, strict=True)
             if read(m) != was
         ]
+        if not self.attributes_hold():
+            changed.append(
+                "a module attribute (its forward, or another attribute than a parameter, buffer "
+                "or submodule) was assigned"
+            )
         if self.bound and not self.bindings_hold():
             changed.append(
                 "a name or closure cell the function reads now holds another object, or a "
@@ -366,6 +415,48 @@ def _bindings(
                 if _is_data(cell.cell_contents):
                     cells[id(cell)] = (cell, cell.cell_contents)
     return list(named.values()), list(cells.values())
+
+
+#: Reads a dict's version tag, which every write to the dict moves (item 7).
+read_version = dict_version_reader()
+
+
+#: What :func:`_attributes` keeps of a module's instance dict: its names in order, their
+#: objects, and the position of :data:`SWAPS` among them.
+Attributes = tuple[tuple[str, ...], tuple[Any, ...], int]
+
+
+def _attributes(held: dict[str, Any]) -> Attributes:
+    """What a module's instance dict binds (item 7)."""
+    names = tuple(held)
+    return names, tuple(held.values()), names.index(SWAPS)
+
+
+def _binds_as_traced(held: dict[str, Any], traced: Attributes) -> bool:
+    """Whether ``held`` binds the names of ``traced``, in order, each to the same object but
+    the swap count: a tensor swapped in for a slot's is read when the graph runs (item 3 holds
+    it to its count where the graph holds the module's tensors). Its ``training`` flag and
+    registration count compared equal first (items 2 and 3), they are the same objects too
+    (``True``, ``False``, a count only ever incremented)."""
+    names, objects, swaps = traced
+    if tuple(held) != names:
+        return False
+    values = tuple(held.values())
+    return all(map(operator.is_, values[:swaps], objects[:swaps])) and all(
+        map(operator.is_, values[swaps + 1 :], objects[swaps + 1 :])
+    )
+
+
+def _versions(modules: Sequence[torch.nn.Module]) -> tuple[Any, ...] | None:
+    """The version tags of ``modules``' instance dicts; None (never equal to a reading) where
+    a module's ``training`` is not an entry of its dict (a property of its class), which a
+    write to the dict would not show."""
+    if all(
+        "training" in module.__dict__ and not hasattr(type(module), "training")
+        for module in modules
+    ):
+        return tuple(read_version(module.__dict__) for module in modules)
+    return None
 
 
 def _mode_reads(module: torch.nn.Module) -> bool:

@@ -656,6 +656,41 @@ def always_called_forward_hooks(module: torch.nn.Module) -> tuple[dict[int, Any]
     return (module._forward_hooks_always_called, modules._global_forward_hooks_always_called)
 
 
+def dict_version_reader() -> Callable[[dict[Any, Any]], Any]:
+    """A reading of a dict's version tag, which CPython moves at every write to the dict
+    (PEP 509's ``ma_version_tag``, read by Dynamo's ``dict_version``), where this Python and
+    torch give one that does, for a plain dict and for an object's ``__dict__`` alike (checked
+    here on probes); elsewhere a reading that never repeats, so a comparison with an earlier
+    one always fails and its caller compares the contents instead."""
+    try:
+        from torch._C._dynamo.guards import dict_version
+    except ImportError:  # no Dynamo C extension in this build
+        return _never_repeats
+
+    class _Probe:
+        pass
+
+    plain: dict[str, int] = {}
+    owner = _Probe()
+    for target, write in (
+        (plain, functools.partial(dict.__setitem__, plain)),
+        (owner.__dict__, functools.partial(setattr, owner)),
+    ):
+        seen = [dict_version(target)]
+        for value in (1, 2):
+            write("key", value)
+            seen.append(dict_version(target))
+        del target["key"]
+        seen.append(dict_version(target))
+        if len(set(seen)) != len(seen) or dict_version(target) != seen[-1]:
+            return _never_repeats
+    return dict_version
+
+
+def _never_repeats(held: dict[Any, Any]) -> object:
+    return object()
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -968,6 +1003,7 @@ BOUND_NAMES = (
     "global_module_hook_dicts",
     "run_global_forward_pre_hooks_first",
     "always_called_forward_hooks",
+    "dict_version_reader",
     "dynamo_functorch_calls",
     "dynamo_signals",
     "own_tracing_context",
