@@ -264,6 +264,9 @@ def test_meta_sgd_style_parameter_replaced_by_a_plain_tensor():
             w = sub._parameters.pop("weight", None)
             sub.weight = (w if w is not None else sub.weight).detach() * 0.5 + step
         assert_tree_close(model(x), twin(x))
+    # A trace, one more once the parameter became a plain tensor attribute: a slot too, so
+    # each step's tensor runs that graph.
+    assert model.forward.cache_info().misses == 2  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,6 +467,25 @@ def test_what_a_module_binds_is_read_as_eager_reads_it(route, change):
     change(model), change(twin)
     step()
     step()
+
+
+def test_a_tensor_attribute_of_a_module_found_while_tracing_is_bound_by_identity():
+    # Reached through an object that is no module, the module's tensors are held by the graph:
+    # a plain tensor attribute assigned anew must be seen (no registration hook counts it).
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.tensor(2.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    holder = types.SimpleNamespace(net=Scaled())
+    tf = fxviews.transform(lambda x: holder.net(x) + 1)
+    x = torch.randn(3)
+    for scale in (2.0, 5.0, -1.0):
+        holder.net.scale = torch.tensor(scale)
+        assert_tree_close(tf(x), x * scale + 1)
 
 
 def test_train_and_eval_alternating_reuse_their_graphs():

@@ -230,7 +230,10 @@ class StateGuard:
         # tags, which stand for items 2, 3 and 7 while no write moves them.
         watched = (*self.modules, *self.holders)
         self.module_dicts = tuple(module.__dict__ for module in watched)
-        self.attributes: tuple[Attributes, ...] | None = tuple(map(_attributes, self.module_dicts))
+        self.attributes: tuple[Attributes, ...] | None = tuple(
+            _attributes(held, slots=i < len(self.modules))
+            for i, held in enumerate(self.module_dicts)
+        )
         self.versions = _versions(watched)
         # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
         # what they held.
@@ -422,29 +425,45 @@ read_version = dict_version_reader()
 
 
 #: What :func:`_attributes` keeps of a module's instance dict: its names in order, their
-#: objects, and the position of :data:`SWAPS` among them.
-Attributes = tuple[tuple[str, ...], tuple[Any, ...], int]
+#: objects (:data:`_SLOT` for a tensor the graph reads as a slot), the position of
+#: :data:`SWAPS` among them, and those of the slots.
+Attributes = tuple[tuple[str, ...], tuple[Any, ...], int, tuple[int, ...]]
+
+#: Stands for a tensor of a module's instance dict read as a slot: item 7 leaves it to the
+#: slots' check (Note [Parameters are read when the graph runs]), which takes a swap in of
+#: the same kind (torchopt's MetaSGD assigns one at every step).
+_SLOT = object()
 
 
-def _attributes(held: dict[str, Any]) -> Attributes:
-    """What a module's instance dict binds (item 7)."""
+def _attributes(held: dict[str, Any], *, slots: bool) -> Attributes:
+    """What a module's instance dict binds (item 7); its tensors are slots where ``slots``
+    (a module ``fn`` reaches statically), else bound by identity too (a module found only
+    while tracing, whose tensors the graph holds)."""
     names = tuple(held)
-    return names, tuple(held.values()), names.index(SWAPS)
+    objects = list(held.values())
+    positions = (
+        tuple(i for i, value in enumerate(objects) if of_type(value, torch.Tensor)) if slots else ()
+    )
+    for i in positions:
+        objects[i] = _SLOT
+    return names, tuple(objects), names.index(SWAPS), positions
 
 
 def _binds_as_traced(held: dict[str, Any], traced: Attributes) -> bool:
-    """Whether ``held`` binds the names of ``traced``, in order, each to the same object but
-    the swap count: a tensor swapped in for a slot's is read when the graph runs (item 3 holds
-    it to its count where the graph holds the module's tensors). Its ``training`` flag and
-    registration count compared equal first (items 2 and 3), they are the same objects too
-    (``True``, ``False``, a count only ever incremented)."""
-    names, objects, swaps = traced
+    """Whether ``held`` binds the names of ``traced``, in order, each to the same object, a
+    slot to a tensor, and anything to the swap count: a tensor swapped in for a slot's is read
+    when the graph runs (item 3 holds it to its count where the graph holds the module's
+    tensors). Its ``training`` flag and registration count compared equal first (items 2 and
+    3), they are the same objects too (``True``, ``False``, a count only ever incremented)."""
+    names, objects, swaps, slots = traced
     if tuple(held) != names:
         return False
-    values = tuple(held.values())
-    return all(map(operator.is_, values[:swaps], objects[:swaps])) and all(
-        map(operator.is_, values[swaps + 1 :], objects[swaps + 1 :])
-    )
+    values = list(held.values())
+    values[swaps] = objects[swaps]
+    for i in slots:
+        if of_type(values[i], torch.Tensor):
+            values[i] = _SLOT
+    return all(map(operator.is_, values, objects))
 
 
 def _versions(modules: Sequence[torch.nn.Module]) -> tuple[Any, ...] | None:
