@@ -54,15 +54,16 @@ finds the entry made for the state now in force):
    the guard last saw, no dict changed (one compare); when it moved, the dicts are compared
    (~30 ns a dict) and, if they hold, the count is taken as seen.
 
-7. **What a module binds**: every other entry of each module's instance dict above, by
-   identity: a ``forward`` a library puts on the instance (accelerate's hooks do, as does
-   ``m.forward = transform(m.forward)``), a number a module reads (``negative_slope``,
-   ``p``, ``eps``), any attribute added or deleted. The hot check reads the version tag of
-   each module's ``__dict__`` (PEP 509's, which every write to the dict moves; ~40 ns a
-   module): while none moved, items 2, 3 and 7 hold as they did. Where one moved, the flags,
-   counts and bindings are compared (~0.6 us a module), and the tags taken as seen if they
-   hold (a ``train()`` and back). Where this Python gives no such tag, or a module's
-   ``training`` is a property of its class, they are compared on every call.
+7. **What a module binds**: every other entry of each module's instance dict above, by identity:
+   a ``forward`` a library puts on the instance (accelerate's hooks do, as does ``m.forward =
+   transform(m.forward)``), a number a module reads (``negative_slope``, ``p``, ``eps``), any
+   attribute added or deleted; a tensor attribute of a module ``fn`` reaches statically is a
+   slot, read and checked by kind (item 3), so a swap of the same kind runs the same graph. The
+   hot check reads the version tag of each module's ``__dict__`` (PEP 509's, which every write
+   to the dict moves; ~40 ns a module): while none moved, items 2, 3 and 7 hold as they did.
+   Where one moved, the flags, counts and bindings are compared (~0.6 us a module), and the tags
+   taken as seen if they hold (a ``train()`` and back). Where this Python gives no such tag, or
+   a module's ``training`` is a property of its class, they are compared on every call.
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of closed-over tensors that are no module's
