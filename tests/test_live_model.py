@@ -436,6 +436,11 @@ def _add_and_delete_attributes(model: nn.Module) -> None:
     model[1].negative_slope = -2.0
 
 
+def _drop_a_submodule(model: nn.Module) -> None:
+    # No registration hook runs for a deletion (del m.sub, or the dict written directly).
+    del model._modules["1"]
+
+
 @pytest.mark.parametrize(
     ("route", "change"),
     [
@@ -446,6 +451,7 @@ def _add_and_delete_attributes(model: nn.Module) -> None:
             _set_root_forward,  # under "forward", the root's forward is the transformed one
             _change_a_number,
             _add_and_delete_attributes,
+            _drop_a_submodule,
         )
         if route == "module" or change is not _set_root_forward
     ],

@@ -57,13 +57,15 @@ finds the entry made for the state now in force):
 7. **What a module binds**: every other entry of each module's instance dict above, by identity:
    a ``forward`` a library puts on the instance (accelerate's hooks do, as does ``m.forward =
    transform(m.forward)``), a number a module reads (``negative_slope``, ``p``, ``eps``), any
-   attribute added or deleted; a tensor attribute of a module ``fn`` reaches statically is a
-   slot, read and checked by kind (item 3), so a swap of the same kind runs the same graph. The
-   hot check reads the version tag of each module's ``__dict__`` (PEP 509's, which every write
-   to the dict moves; ~40 ns a module): while none moved, items 2, 3 and 7 hold as they did.
-   Where one moved, the flags, counts and bindings are compared (~0.6 us a module), and the tags
-   taken as seen if they hold (a ``train()`` and back). Where this Python gives no such tag, or
-   a module's ``training`` is a property of its class, they are compared on every call.
+   attribute added or deleted; and the submodules of each that has any (a ``del m.sub``, or
+   ``_modules`` written directly, which no registration hook sees); a tensor attribute of a
+   module ``fn`` reaches statically is a slot, read and checked by kind (item 3), so a swap of
+   the same kind runs the same graph. The hot check reads the version tag of each of those dicts
+   (PEP 509's, which every write to the dict moves; ~40 ns a dict): while none moved, items 2,
+   3 and 7 hold as they did. Where one moved, the flags, counts and bindings are compared (~0.6
+   us a module), and the tags taken as seen if they hold (a ``train()`` and back). Where this
+   Python gives no such tag, or a module's ``training`` is a property of its class, they are
+   compared on every call.
 
 Not guarded, and why: tensor values (a graph is for every value: data dependence is found
 while tracing and runs eagerly), ``requires_grad`` of closed-over tensors that are no module's
@@ -227,15 +229,21 @@ class StateGuard:
         self.read: Callable[[torch.nn.Module], tuple[Any, ...]] = read_training
         self.trainings = tuple(map(read_training, self.modules))
         self.holder_counts = tuple(map(read_training_and_swaps, self.holders))
-        # Item 7: what each module's instance dict binds besides those, and the dicts' version
-        # tags, which stand for items 2, 3 and 7 while no write moves them.
+        # Item 7: what each module's instance dict binds besides those, and its submodules
+        # where it has any; the dicts' version tags stand for items 2, 3 and 7 while no write
+        # moves them.
         watched = (*self.modules, *self.holders)
-        self.module_dicts = tuple(module.__dict__ for module in watched)
-        self.attributes: tuple[Attributes, ...] | None = tuple(
-            _attributes(held, slots=i < len(self.modules))
-            for i, held in enumerate(self.module_dicts)
+        instance_dicts = tuple(module.__dict__ for module in watched)
+        children = tuple(module._modules for module in watched if module._modules)
+        self.module_dicts = (*instance_dicts, *children)
+        self.attributes: tuple[Attributes, ...] | None = (
+            *(
+                _attributes(held, slots=i < len(self.modules))
+                for i, held in enumerate(instance_dicts)
+            ),
+            *(_attributes(held, slots=False) for held in children),
         )
-        self.versions = _versions(watched)
+        self.versions = _versions(watched, self.module_dicts)
         # Item 4: (the globals dict, the name, what it held) as three tuples; closure cells and
         # what they held.
         named, cells = _bindings(reached)
@@ -358,8 +366,8 @@ class StateGuard:
         ]
         if not self.attributes_hold():
             changed.append(
-                "a module attribute (its forward, or another attribute than a parameter, buffer "
-                "or submodule) was assigned"
+                "a module attribute (its forward, another attribute than a parameter or buffer, "
+                "a submodule) was assigned or deleted"
             )
         if self.bound and not self.bindings_hold():
             changed.append(
@@ -425,10 +433,10 @@ def _bindings(
 read_version = dict_version_reader()
 
 
-#: What :func:`_attributes` keeps of a module's instance dict: its names in order, their
-#: objects (:data:`_SLOT` for a tensor the graph reads as a slot), the position of
-#: :data:`SWAPS` among them, and those of the slots.
-Attributes = tuple[tuple[str, ...], tuple[Any, ...], int, tuple[int, ...]]
+#: What :func:`_attributes` keeps of a module's dict: its names in order, their objects
+#: (:data:`_SLOT` for a tensor the graph reads as a slot), the positions item 7 does not
+#: compare (the swap count's) and those of the slots.
+Attributes = tuple[tuple[str, ...], tuple[Any, ...], tuple[int, ...], tuple[int, ...]]
 
 #: Stands for a tensor of a module's instance dict read as a slot: item 7 leaves it to the
 #: slots' check (Note [Parameters are read when the graph runs]), which takes a swap in of
@@ -437,9 +445,9 @@ _SLOT = object()
 
 
 def _attributes(held: dict[str, Any], *, slots: bool) -> Attributes:
-    """What a module's instance dict binds (item 7); its tensors are slots where ``slots``
-    (a module ``fn`` reaches statically), else bound by identity too (a module found only
-    while tracing, whose tensors the graph holds)."""
+    """What a module's instance dict or submodule dict binds (item 7); its tensors are slots
+    where ``slots`` (a module ``fn`` reaches statically), else bound by identity too (a
+    module found only while tracing, whose tensors the graph holds)."""
     names = tuple(held)
     objects = list(held.values())
     positions = (
@@ -447,7 +455,8 @@ def _attributes(held: dict[str, Any], *, slots: bool) -> Attributes:
     )
     for i in positions:
         objects[i] = _SLOT
-    return names, tuple(objects), names.index(SWAPS), positions
+    skipped = (names.index(SWAPS),) if SWAPS in held else ()
+    return names, tuple(objects), skipped, positions
 
 
 def _binds_as_traced(held: dict[str, Any], traced: Attributes) -> bool:
@@ -456,26 +465,29 @@ def _binds_as_traced(held: dict[str, Any], traced: Attributes) -> bool:
     when the graph runs (item 3 holds it to its count where the graph holds the module's
     tensors). Its ``training`` flag and registration count compared equal first (items 2 and
     3), they are the same objects too (``True``, ``False``, a count only ever incremented)."""
-    names, objects, swaps, slots = traced
+    names, objects, skipped, slots = traced
     if tuple(held) != names:
         return False
     values = list(held.values())
-    values[swaps] = objects[swaps]
+    for i in skipped:
+        values[i] = objects[i]
     for i in slots:
         if of_type(values[i], torch.Tensor):
             values[i] = _SLOT
     return all(map(operator.is_, values, objects))
 
 
-def _versions(modules: Sequence[torch.nn.Module]) -> tuple[Any, ...] | None:
-    """The version tags of ``modules``' instance dicts; None (never equal to a reading) where
-    a module's ``training`` is not an entry of its dict (a property of its class), which a
-    write to the dict would not show."""
+def _versions(
+    modules: Sequence[torch.nn.Module], dicts: Sequence[dict[str, Any]]
+) -> tuple[Any, ...] | None:
+    """The version tags of ``dicts`` (those of ``modules``); None (never equal to a reading)
+    where a module's ``training`` is not an entry of its dict (a property of its class),
+    which a write to the dict would not show."""
     if all(
         "training" in module.__dict__ and not hasattr(type(module), "training")
         for module in modules
     ):
-        return tuple(read_version(module.__dict__) for module in modules)
+        return tuple(map(read_version, dicts))
     return None
 
 
