@@ -30,6 +30,8 @@ class Block(nn.Module):
     """A small model in the style of real ones: a linear layer, a norm with running stats, a
     second layer whose weight is read twice (a tied use), dropout left out (random)."""
 
+    SAMPLE = (5, 4)
+
     def __init__(self) -> None:
         super().__init__()
         self.inp = nn.Linear(4, 6)
@@ -39,6 +41,20 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.norm(self.inp(x)))
         return self.out(h) + h[:, :3] @ self.out.weight[:, :3].t()
+
+
+class Recurrent(nn.Module):
+    """An LSTM and a GRU, whose forward rebuilds a weight cache when their weights change."""
+
+    SAMPLE = (2, 3, 4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 5, batch_first=True)
+        self.gru = nn.GRU(5, 3, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[0].sum(1)
 
 
 def _twins(model: nn.Module, route: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -59,24 +75,35 @@ def _twins(model: nn.Module, route: str) -> tuple[Callable[..., Any], Callable[.
 ROUTES = ["module", "forward", "functional"]
 
 
+def _backward_as_eager(
+    tf: Callable[..., Any], model: nn.Module, twin: nn.Module, x: torch.Tensor
+) -> None:
+    """One call of each twin and ``.backward()``, accumulating into each module's own
+    parameters: outputs and ``.grad`` alike."""
+    out, ref = tf(x), twin(x)
+    out.pow(2).sum().backward()
+    ref.pow(2).sum().backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    assert_tree_close((out, grads), (ref, {k: p.grad for k, p in twin.named_parameters()}))
+
+
+@pytest.mark.parametrize("make", [Block, Recurrent])
 @pytest.mark.parametrize("route", ROUTES)
-def test_calls_follow_training_and_buffers(route):
+def test_calls_follow_training_and_buffers(route, make):
+    # A recurrent module's trace holds samples in its weights' slots, and its weight cache
+    # follows them: its forward rebinds nothing, and is traced (it ran eagerly, refused, before).
     torch.manual_seed(0)
-    model = Block()
+    model = make()
     tf, twin = _twins(model, route)
     for _ in range(3):
-        x = torch.randn(5, 4)
-        out, ref = tf(x), twin(x)
-        assert_tree_close(out, ref)
-        # .backward() accumulates into the module's own parameters, call after call.
-        out.pow(2).sum().backward()
-        ref.pow(2).sum().backward()
-        grads = {k: p.grad for k, p in model.named_parameters()}
-        assert_tree_close(grads, {k: p.grad for k, p in twin.named_parameters()})
+        _backward_as_eager(tf, model, twin, torch.randn(make.SAMPLE))
     assert_tree_close(dict(model.named_buffers()), dict(twin.named_buffers()))
     model.eval(), twin.eval()
-    x = torch.randn(5, 4)
+    x = torch.randn(make.SAMPLE)
     assert_tree_close(tf(x), twin(x))
+    transformed = {"module": tf, "forward": model.forward}.get(route)
+    if transformed is not None:  # (the functional route's is inside its lambda)
+        assert transformed.cache_info().eager == 0
 
 
 def test_functional_call_swaps_are_what_runs():
@@ -571,3 +598,22 @@ def test_without_dict_version_tags_every_call_compares(monkeypatch):
     for change in (lambda m: None, _change_a_number, _wrap_submodule_forward, lambda m: m.eval()):
         change(model), change(twin)
         assert_tree_close(tf(x), twin(x))
+
+
+def test_a_recurrent_module_swapped_in_per_sample_gets_a_graph():
+    # An LSTM's weights swapped in by functional_call, under vmap(grad): each sample's
+    # gradient of the new weights, from one graph. (Eager vmap of a GRU raises for its
+    # in-place update, so the LSTM alone.)
+    torch.manual_seed(17)
+    lstm = nn.LSTM(4, 5, batch_first=True)
+    params = {k: v.detach() + 0.1 for k, v in lstm.named_parameters()}
+
+    def per_sample(apply: Callable[..., Any]) -> Callable[..., Any]:
+        return grad(lambda p, xi: apply(p, xi)[0].sum())
+
+    eager = lambda p, xi: functional_call(lstm, p, (xi[None],))  # noqa: E731
+    tf = fxviews.transform(eager)
+    xb = torch.randn(3, 2, 4)
+    got = vmap(per_sample(tf), (None, 0))(params, xb)
+    assert_tree_close(got, vmap(per_sample(eager), (None, 0))(params, xb))
+    assert tf.cache_info().eager == 0

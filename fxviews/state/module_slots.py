@@ -20,7 +20,9 @@ Dynamo's inlined ``nn.Module``s lift parameters and buffers to graph inputs (tor
 2. **The trace** runs ``fn`` with each slot holding the trace's sample for it
    (:meth:`ModuleSlots.holding`), made as an argument's is (Note [The layout of a call]), and
    put back after. Slots the graph never reads are dropped from it (a ``functional_call`` that
-   replaced them all reads none).
+   replaced them all reads none). A recurrent module's weight cache (``_flat_weights``, which
+   its ``forward`` rebuilds where it finds other weights there, a rebinding a trace refuses)
+   follows the slots for as long.
 3. **Each call** reads the slots afresh (:meth:`ModuleSlots.read`, a C-level ``dict.get`` a
    slot) and passes what they hold to the graph, after checking in C++ that each is of the kind
    its sample was (type, dispatch keys, dtype, device, ``requires_grad``, sizes, strides where
@@ -54,6 +56,8 @@ from typing import Any
 
 import torch
 
+from fxviews.passes.compat.torch_internals import rnn_weights_as_held
+
 __all__ = ["NO_SLOTS", "ModuleSlots"]
 
 _SLOT_DICTS = ("_parameters", "_buffers")
@@ -70,6 +74,8 @@ class ModuleSlots:
     alias_dicts: tuple[dict[str, Any], ...] = ()
     alias_keys: tuple[str, ...] = ()
     alias_of: tuple[int, ...] = ()
+    #: The recurrent modules among them, whose weight caches follow what the slots hold.
+    recurrent: tuple[torch.nn.Module, ...] = ()
 
     @classmethod
     def of(cls, modules: Iterable[torch.nn.Module]) -> ModuleSlots:
@@ -96,7 +102,8 @@ class ModuleSlots:
                     position[id(value)] = len(dicts)
                     dicts.append(holder)
                     keys.append(key)
-        return cls(tuple(dicts), tuple(keys), *_alias_columns(aliases))
+        recurrent = tuple(m for m in modules if isinstance(m, torch.nn.RNNBase))
+        return cls(tuple(dicts), tuple(keys), *_alias_columns(aliases), recurrent=recurrent)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -122,6 +129,7 @@ class ModuleSlots:
             tuple(self.dicts[i] for i in positions),
             tuple(self.keys[i] for i in positions),
             *_alias_columns(aliases),
+            recurrent=self.recurrent,
         )
 
     @contextlib.contextmanager
@@ -146,7 +154,10 @@ class ModuleSlots:
         try:
             for d, k, value in zip(dicts, keys, new, strict=True):
                 d[k] = value
-            yield rebound
+            # An RNN's forward rebuilds its weight cache where its weights changed (a
+            # rebinding the trace would refuse): the cache follows the slots too.
+            with rnn_weights_as_held(self.recurrent):
+                yield rebound
         finally:
             for d, k, value, was in zip(dicts, keys, new, before, strict=True):
                 if d.get(k, _EMPTY) is not value:

@@ -25,6 +25,7 @@ import functools
 import importlib
 import sys
 import types
+import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -691,6 +692,31 @@ def _never_repeats(held: dict[Any, Any]) -> object:
     return object()
 
 
+@contextlib.contextmanager
+def rnn_weights_as_held(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Within, each ``nn.RNNBase`` among ``modules`` caches the weights it holds now, as
+    ``RNNBase._init_flat_weights`` would without flattening them (its ``_flat_weights`` and
+    the ``_flat_weight_refs`` its ``forward`` compares them with, 2.1); what it cached before
+    is put back after. So a forward run while a trace holds other tensors in its parameter
+    slots finds its weights unchanged, and rebinds nothing."""
+    rnns = [
+        m for m in modules if isinstance(m, torch.nn.RNNBase) and "_flat_weight_refs" in vars(m)
+    ]
+    before = [(m.__dict__["_flat_weights"], m.__dict__["_flat_weight_refs"]) for m in rnns]
+    try:
+        for module in rnns:
+            weights = [getattr(module, name, None) for name in module._flat_weights_names]
+            module.__dict__["_flat_weights"] = weights
+            module.__dict__["_flat_weight_refs"] = [
+                None if w is None else weakref.ref(w) for w in weights
+            ]
+        yield
+    finally:
+        for module, (weights, refs) in zip(rnns, before, strict=True):
+            module.__dict__["_flat_weights"] = weights
+            module.__dict__["_flat_weight_refs"] = refs
+
+
 def calling_code() -> Iterator[Any]:
     """The code objects of the frames on the stack, from the one iterating this generator
     outwards (``sys._getframe``, CPython)."""
@@ -1004,6 +1030,7 @@ BOUND_NAMES = (
     "run_global_forward_pre_hooks_first",
     "always_called_forward_hooks",
     "dict_version_reader",
+    "rnn_weights_as_held",
     "dynamo_functorch_calls",
     "dynamo_signals",
     "own_tracing_context",
