@@ -93,6 +93,7 @@ from fxviews.passes.compat.torch_internals import (
     dict_version_reader,
     global_module_hook_dicts,
     module_hook_dicts,
+    submodule_dict,
 )
 from fxviews.state.reachable import of_type, read_globals
 
@@ -234,7 +235,7 @@ class StateGuard:
         # moves them.
         watched = (*self.modules, *self.holders)
         instance_dicts = tuple(module.__dict__ for module in watched)
-        children = tuple(module._modules for module in watched if module._modules)
+        children = tuple(d for d in map(submodule_dict, watched) if d)
         self.module_dicts = (*instance_dicts, *children)
         self.attributes: tuple[Attributes, ...] | None = (
             *(

@@ -692,6 +692,12 @@ def _never_repeats(held: dict[Any, Any]) -> object:
     return object()
 
 
+def submodule_dict(module: torch.nn.Module) -> dict[str, Any]:
+    """The dict of ``module``'s submodules by name (``nn.Module._modules``, 1.0): where
+    ``register_module`` and ``__setattr__`` put them, and ``del m.sub`` deletes them."""
+    return module._modules  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
 def rnn_weights_as_held(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
     """Within, each ``nn.RNNBase`` among ``modules`` caches the weights it holds now, as
@@ -1031,6 +1037,7 @@ BOUND_NAMES = (
     "always_called_forward_hooks",
     "dict_version_reader",
     "rnn_weights_as_held",
+    "submodule_dict",
     "dynamo_functorch_calls",
     "dynamo_signals",
     "own_tracing_context",
