@@ -333,8 +333,9 @@ class StateGuard:
         return True
 
     def check(self) -> bool:
-        """Whether eager PyTorch would now read what the trace read (~0.2 us + 50 ns a module,
-        ~40 ns a name); False where reading it raises (a module's ``training`` property)."""
+        """Whether eager PyTorch would now read what the trace read (~0.2 us, ~40 ns a module
+        dict no write moved, ~40 ns a name); False where reading it raises (a module's
+        ``training`` property)."""
         try:
             return (
                 self.check_process()
