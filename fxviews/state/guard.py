@@ -101,8 +101,7 @@ __all__ = [
     "ModuleCalls",
     "StateGuard",
     "process_state",
-    "read_training",
-    "read_training_and_swaps",
+    "read_version",
     "same_kind_check",
 ]
 
@@ -114,8 +113,8 @@ REGISTRATIONS = "_fxviews_registrations"
 #: runs reads anyway, but one holding them as constants does not.
 SWAPS = "_fxviews_swaps"
 
-#: Reads a watched module's ``training`` flag and registration count: ``map`` over a tuple of
-#: modules with it is the cheapest loop Python has for the check on every cache hit.
+#: Reads a watched module's ``training`` flag and registration count, where item 7's version
+#: tags moved.
 read_training = operator.attrgetter("training", REGISTRATIONS)
 #: The same, with the swaps, for a module whose tensors the graph holds.
 read_training_and_swaps = operator.attrgetter("training", REGISTRATIONS, SWAPS)

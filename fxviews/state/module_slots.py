@@ -75,7 +75,7 @@ class ModuleSlots:
     alias_keys: tuple[str, ...] = ()
     alias_of: tuple[int, ...] = ()
     #: The recurrent modules among them, whose weight caches follow what the slots hold.
-    recurrent: tuple[torch.nn.Module, ...] = ()
+    recurrent: tuple[torch.nn.RNNBase, ...] = ()
 
     @classmethod
     def of(cls, modules: Iterable[torch.nn.Module]) -> ModuleSlots:
@@ -84,11 +84,14 @@ class ModuleSlots:
         keys: list[str] = []
         position: dict[int, int] = {}  # id of a tensor -> its slot
         aliases: list[tuple[dict[str, Any], str, int]] = []
+        recurrent: list[torch.nn.RNNBase] = []
         seen: set[int] = set()
         for module in modules:
             if id(module) in seen:
                 continue
             seen.add(id(module))
+            if isinstance(module, torch.nn.RNNBase):
+                recurrent.append(module)
             held = [module.__dict__[name] for name in _SLOT_DICTS]
             for holder in (*held, module.__dict__):
                 for key, value in holder.items():
@@ -102,8 +105,7 @@ class ModuleSlots:
                     position[id(value)] = len(dicts)
                     dicts.append(holder)
                     keys.append(key)
-        recurrent = tuple(m for m in modules if isinstance(m, torch.nn.RNNBase))
-        return cls(tuple(dicts), tuple(keys), *_alias_columns(aliases), recurrent=recurrent)
+        return cls(tuple(dicts), tuple(keys), *_alias_columns(aliases), recurrent=tuple(recurrent))
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -699,15 +699,13 @@ def submodule_dict(module: torch.nn.Module) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def rnn_weights_as_held(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
-    """Within, each ``nn.RNNBase`` among ``modules`` caches the weights it holds now, as
+def rnn_weights_as_held(modules: Sequence[torch.nn.RNNBase]) -> Iterator[None]:
+    """Within, each of the recurrent ``modules`` caches the weights it holds now, as
     ``RNNBase._init_flat_weights`` would without flattening them (its ``_flat_weights`` and
     the ``_flat_weight_refs`` its ``forward`` compares them with, 2.1); what it cached before
     is put back after. So a forward run while a trace holds other tensors in its parameter
     slots finds its weights unchanged, and rebinds nothing."""
-    rnns = [
-        m for m in modules if isinstance(m, torch.nn.RNNBase) and "_flat_weight_refs" in vars(m)
-    ]
+    rnns = [m for m in modules if "_flat_weight_refs" in vars(m)]
     before = [(m.__dict__["_flat_weights"], m.__dict__["_flat_weight_refs"]) for m in rnns]
     try:
         for module in rnns:
